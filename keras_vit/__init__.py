@@ -1,0 +1,20 @@
+"""keras_vit: the Vision Transformer (Dosovitskiy et al., 2020) in Keras 3."""
+
+from keras_vit.checkpoints import CheckpointError, inspect_checkpoint, interpolate_posembed
+from keras_vit.configs import MODEL_CONFIGS, ResNetConfig, ViTConfig, get_config, list_models
+from keras_vit.vit import VisionTransformer, create_model
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "CheckpointError",
+    "MODEL_CONFIGS",
+    "ResNetConfig",
+    "ViTConfig",
+    "VisionTransformer",
+    "create_model",
+    "get_config",
+    "inspect_checkpoint",
+    "interpolate_posembed",
+    "list_models",
+]

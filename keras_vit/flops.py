@@ -1,0 +1,78 @@
+"""Multiply-accumulate counts of a forward pass, from the config alone.
+
+The convention is fvcore's, which produced the figures quoted for ViTs (ViT-B/16:
+17.58 GMACs at 224): each conv and dense layer counts output elements x fan-in,
+the attention matmuls (QK^T and AV) count T x T x D each, and LayerNorm/GroupNorm
+count 5 per element (4 without an affine part). Activations, softmax, residual
+adds, pooling and the position-embedding add count nothing.
+"""
+
+from __future__ import annotations
+
+from typing import Dict, Union
+
+from keras_vit.configs import ViTConfig
+
+_NORM = 5  # fvcore: mean, variance, normalise, scale, shift
+
+
+def _resnet_macs(cfg: ViTConfig, h: int, w: int) -> Dict[str, int]:
+    width = cfg.resnet.width
+    macs = {"resnet_conv": 0, "resnet_norm": 0}
+    h, w = -(-h // 2), -(-w // 2)
+    macs["resnet_conv"] += h * w * 7 * 7 * cfg.num_channels * width
+    macs["resnet_norm"] += _NORM * h * w * width
+    h, w = -(-h // 2), -(-w // 2)  # max-pool
+    cin = width
+    for i, units in enumerate(cfg.resnet.num_layers):
+        f = width * 2 ** i
+        for u in range(units):
+            stride = 2 if (i > 0 and u == 0) else 1
+            oh, ow = -(-h // stride), -(-w // stride)
+            macs["resnet_conv"] += h * w * cin * f + oh * ow * 9 * f * f + oh * ow * f * 4 * f
+            macs["resnet_norm"] += _NORM * (h * w * f + oh * ow * f + oh * ow * 4 * f)
+            if cin != 4 * f or stride != 1:
+                macs["resnet_conv"] += oh * ow * cin * 4 * f
+                macs["resnet_norm"] += _NORM * oh * ow * 4 * f
+            h, w, cin = oh, ow, 4 * f
+    return macs
+
+
+def forward_macs(model_or_config: Union[ViTConfig, "object"], breakdown: bool = False):
+    """MACs of one image's forward pass at the config's image size.
+
+    Args:
+      model_or_config: a `VisionTransformer`, a `ViTConfig`, or a registered name.
+      breakdown: return a dict of parts (`patch_embedding`, `attention_projections`,
+        `attention_matmuls`, `mlp`, `norms`, `head`, ...) instead of the total.
+
+    Returns:
+      An int, or a dict of ints when `breakdown` is set.
+    """
+    if isinstance(model_or_config, str):
+        from keras_vit.configs import get_config
+        cfg = get_config(model_or_config)
+    else:
+        cfg = getattr(model_or_config, "config", model_or_config)
+    if not isinstance(cfg, ViTConfig):
+        raise TypeError(f"expected a VisionTransformer, ViTConfig or model name, got {type(model_or_config)}")
+    d, m, L = cfg.hidden_size, cfg.mlp_dim, cfg.num_layers
+    gh, gw = cfg.grid_size
+    n, t = gh * gw, cfg.seq_len
+    ph, pw = cfg.patch_size
+    parts: Dict[str, int] = {}
+    if cfg.resnet is not None:
+        h, w = cfg.image_size
+        parts.update(_resnet_macs(cfg, h, w))
+        cin = 4 * cfg.resnet.width * 2 ** (len(cfg.resnet.num_layers) - 1) if cfg.resnet.num_layers else cfg.resnet.width
+    else:
+        cin = cfg.num_channels
+    parts["patch_embedding"] = n * ph * pw * cin * d
+    parts["attention_projections"] = L * 4 * t * d * d
+    parts["attention_matmuls"] = L * 2 * t * t * d
+    parts["mlp"] = L * 2 * t * d * m
+    parts["norms"] = _NORM * t * d * (2 * L + 1)
+    rep = cfg.representation_size
+    parts["pre_logits"] = d * rep if rep else 0
+    parts["head"] = (rep or d) * cfg.num_classes
+    return parts if breakdown else sum(parts.values())

@@ -1,0 +1,121 @@
+"""Multi-head self-attention with a fused QKV projection and optional relative position bias."""
+
+from __future__ import annotations
+
+import math
+
+import keras
+import numpy as np
+from keras import ops
+
+
+def _glorot_blocks(num_blocks):
+    """Xavier-uniform per (D, D) block, so a fused [D, 3D] kernel starts as the official q/k/v."""
+
+    def init(shape, dtype=None):
+        fan_in, total = shape
+        block = total // num_blocks
+        limit = math.sqrt(6.0 / (fan_in + block))
+        return keras.random.uniform(shape, -limit, limit, dtype=dtype)
+
+    return init
+
+
+def relative_position_index(grid_size, num_prefix_tokens) -> np.ndarray:
+    """`[T, T]` indices into a relative-bias table of `num_relative_positions` rows.
+
+    Patch pairs index by their 2D offset (dy, dx); with a class token, three extra
+    rows hold class->patch, patch->class and class->class (as BEiT does).
+    """
+    gh, gw = grid_size
+    coords = np.stack(np.meshgrid(np.arange(gh), np.arange(gw), indexing="ij"), -1).reshape(-1, 2)
+    rel = coords[:, None, :] - coords[None, :, :]
+    index = (rel[..., 0] + gh - 1) * (2 * gw - 1) + (rel[..., 1] + gw - 1)
+    if num_prefix_tokens:
+        base = (2 * gh - 1) * (2 * gw - 1)
+        n = gh * gw
+        full = np.empty((n + 1, n + 1), dtype=np.int64)
+        full[1:, 1:] = index
+        full[0, 1:] = base
+        full[1:, 0] = base + 1
+        full[0, 0] = base + 2
+        index = full
+    return index.astype("int32")
+
+
+def num_relative_positions(grid_size, num_prefix_tokens) -> int:
+    gh, gw = grid_size
+    return (2 * gh - 1) * (2 * gw - 1) + (3 if num_prefix_tokens else 0)
+
+
+@keras.saving.register_keras_serializable(package="keras_vit")
+class MultiHeadSelfAttention(keras.layers.Layer):
+    """Scaled dot-product self-attention over `[B, T, D]` tokens.
+
+    The q, k and v projections are one `[D, 3D]` matmul; loaders fill it from the
+    official per-tensor `[D, H, D/H]` kernels. With `relative_grid` set, a learned
+    per-head bias over 2D offsets of the patch grid is added to the logits.
+
+    `call(x, return_attention=True)` also returns the attention weights `[B, H, T, T]`.
+    Softmax runs in float32 under mixed precision.
+    """
+
+    def __init__(self, num_heads, dropout_rate=0.0, relative_grid=None, num_prefix_tokens=0, **kwargs):
+        super().__init__(**kwargs)
+        self.num_heads = int(num_heads)
+        self.dropout_rate = float(dropout_rate)
+        self.relative_grid = None if relative_grid is None else tuple(int(g) for g in relative_grid)
+        self.num_prefix_tokens = int(num_prefix_tokens)
+        self.attention_dropout = keras.layers.Dropout(self.dropout_rate, dtype=self.dtype_policy)
+
+    def build(self, input_shape):
+        dim = input_shape[-1]
+        if dim % self.num_heads:
+            raise ValueError(f"width {dim} is not divisible by num_heads {self.num_heads}")
+        self.qkv_kernel = self.add_weight(name="qkv_kernel", shape=(dim, 3 * dim),
+                                          initializer=_glorot_blocks(3))
+        self.qkv_bias = self.add_weight(name="qkv_bias", shape=(3 * dim,), initializer="zeros")
+        self.out_kernel = self.add_weight(name="out_kernel", shape=(dim, dim),
+                                          initializer="glorot_uniform")
+        self.out_bias = self.add_weight(name="out_bias", shape=(dim,), initializer="zeros")
+        if self.relative_grid is not None:
+            self.relative_bias = self.add_weight(
+                name="relative_bias",
+                shape=(num_relative_positions(self.relative_grid, self.num_prefix_tokens), self.num_heads),
+                initializer="zeros",
+            )
+            self._relative_index = relative_position_index(self.relative_grid, self.num_prefix_tokens)
+
+    def call(self, x, training=None, return_attention=False):
+        shape = ops.shape(x)
+        batch, seq, dim = shape[0], shape[1], x.shape[-1]
+        head_dim = dim // self.num_heads
+        qkv = ops.matmul(x, self.qkv_kernel) + self.qkv_bias
+        qkv = ops.reshape(qkv, (batch, seq, 3, self.num_heads, head_dim))
+        qkv = ops.transpose(qkv, (2, 0, 3, 1, 4))  # [3, B, H, T, Dh]
+        q, k, v = qkv[0], qkv[1], qkv[2]
+        logits = ops.matmul(q, ops.transpose(k, (0, 1, 3, 2)))
+        logits = ops.cast(logits, "float32") * (1.0 / math.sqrt(head_dim))
+        if self.relative_grid is not None:
+            bias = ops.take(ops.cast(self.relative_bias, "float32"), self._relative_index, axis=0)
+            logits = logits + ops.transpose(bias, (2, 0, 1))[None]
+        weights = ops.softmax(logits, axis=-1)
+        dropped = self.attention_dropout(ops.cast(weights, x.dtype), training=training)
+        out = ops.matmul(dropped, v)  # [B, H, T, Dh]
+        out = ops.reshape(ops.transpose(out, (0, 2, 1, 3)), (batch, seq, dim))
+        out = ops.matmul(out, self.out_kernel) + self.out_bias
+        if return_attention:
+            return out, weights
+        return out
+
+    def compute_output_shape(self, input_shape):
+        return input_shape
+
+    def get_config(self):
+        return {
+            **super().get_config(),
+            "num_heads": self.num_heads,
+            "dropout_rate": self.dropout_rate,
+            "relative_grid": None if self.relative_grid is None else list(self.relative_grid),
+            "num_prefix_tokens": self.num_prefix_tokens,
+        }

@@ -1,0 +1,138 @@
+"""The Transformer encoder block: pre-LayerNorm attention and MLP, each with a residual."""
+
+from __future__ import annotations
+
+import keras
+from keras import ops
+
+from keras_vit.layers.attention import MultiHeadSelfAttention
+
+
+@keras.saving.register_keras_serializable(package="keras_vit")
+class StochasticDepth(keras.layers.Layer):
+    """Drops a whole residual branch per example with probability `rate` while training.
+
+    Kept branches are scaled by 1 / (1 - rate) so the expectation is unchanged.
+    """
+
+    def __init__(self, rate=0.0, seed=None, **kwargs):
+        super().__init__(**kwargs)
+        self.rate = float(rate)
+        self.seed = seed
+        self.seed_generator = keras.random.SeedGenerator(seed)
+
+    def call(self, x, training=None):
+        if not training or self.rate == 0.0:
+            return x
+        keep = 1.0 - self.rate
+        shape = (ops.shape(x)[0],) + (1,) * (len(x.shape) - 1)
+        mask = ops.floor(keep + keras.random.uniform(shape, seed=self.seed_generator, dtype=x.dtype))
+        return x / ops.cast(keep, x.dtype) * mask
+
+    def compute_output_shape(self, input_shape):
+        return input_shape
+
+    def get_config(self):
+        return {**super().get_config(), "rate": self.rate, "seed": self.seed}
+
+
+@keras.saving.register_keras_serializable(package="keras_vit")
+class MlpBlock(keras.layers.Layer):
+    """Dense(mlp_dim) -> GELU -> dropout -> Dense(D) -> dropout, on `[B, T, D]`."""
+
+    def __init__(self, mlp_dim, dropout_rate=0.0, gelu_approximate=True, **kwargs):
+        super().__init__(**kwargs)
+        self.mlp_dim = int(mlp_dim)
+        self.dropout_rate = float(dropout_rate)
+        self.gelu_approximate = bool(gelu_approximate)
+        bias_init = keras.initializers.RandomNormal(stddev=1e-6)
+        self.fc1 = keras.layers.Dense(self.mlp_dim, kernel_initializer="glorot_uniform",
+                                      bias_initializer=bias_init, dtype=self.dtype_policy, name="Dense_0")
+        self.dropout = keras.layers.Dropout(self.dropout_rate, dtype=self.dtype_policy)
+        self._fc2_bias_init = bias_init
+
+    def build(self, input_shape):
+        self.fc1.build(input_shape)
+        self.fc2 = keras.layers.Dense(input_shape[-1], kernel_initializer="glorot_uniform",
+                                      bias_initializer=self._fc2_bias_init, dtype=self.dtype_policy,
+                                      name="Dense_1")
+        self.fc2.build(tuple(input_shape[:-1]) + (self.mlp_dim,))
+
+    def call(self, x, training=None):
+        x = self.fc1(x)
+        x = keras.activations.gelu(x, approximate=self.gelu_approximate)
+        x = self.dropout(x, training=training)
+        x = self.fc2(x)
+        return self.dropout(x, training=training)
+
+    def compute_output_shape(self, input_shape):
+        return input_shape
+
+    def get_config(self):
+        return {**super().get_config(), "mlp_dim": self.mlp_dim, "dropout_rate": self.dropout_rate,
+                "gelu_approximate": self.gelu_approximate}
+
+
+@keras.saving.register_keras_serializable(package="keras_vit")
+class EncoderBlock(keras.layers.Layer):
+    """x + attn(LN(x)), then x + mlp(LN(x)), on `[B, T, D]` tokens.
+
+    `call(x, return_attention=True)` returns `(tokens, attention [B, H, T, T])`.
+    """
+
+    def __init__(self, num_heads, mlp_dim, dropout_rate=0.0, attention_dropout_rate=0.0,
+                 stochastic_depth_rate=0.0, layer_norm_epsilon=1e-6, gelu_approximate=True,
+                 relative_grid=None, num_prefix_tokens=0, **kwargs):
+        super().__init__(**kwargs)
+        self.num_heads = int(num_heads)
+        self.mlp_dim = int(mlp_dim)
+        self.dropout_rate = float(dropout_rate)
+        self.attention_dropout_rate = float(attention_dropout_rate)
+        self.stochastic_depth_rate = float(stochastic_depth_rate)
+        self.layer_norm_epsilon = float(layer_norm_epsilon)
+        self.gelu_approximate = bool(gelu_approximate)
+        self.relative_grid = None if relative_grid is None else tuple(int(g) for g in relative_grid)
+        self.num_prefix_tokens = int(num_prefix_tokens)
+        policy = self.dtype_policy
+        self.norm1 = keras.layers.LayerNormalization(epsilon=self.layer_norm_epsilon, dtype=policy,
+                                                     name="LayerNorm_0")
+        self.attention = MultiHeadSelfAttention(
+            self.num_heads, self.attention_dropout_rate, relative_grid=self.relative_grid,
+            num_prefix_tokens=self.num_prefix_tokens, dtype=policy, name="MultiHeadDotProductAttention_1")
+        self.norm2 = keras.layers.LayerNormalization(epsilon=self.layer_norm_epsilon, dtype=policy,
+                                                     name="LayerNorm_2")
+        self.mlp = MlpBlock(self.mlp_dim, self.dropout_rate, self.gelu_approximate, dtype=policy,
+                            name="MlpBlock_3")
+        self.dropout = keras.layers.Dropout(self.dropout_rate, dtype=policy)
+        self.drop_path = StochasticDepth(self.stochastic_depth_rate, dtype=policy)
+
+    def build(self, input_shape):
+        for layer in (self.norm1, self.attention, self.norm2, self.mlp):
+            layer.build(input_shape)
+
+    def call(self, x, training=None, return_attention=False):
+        y, weights = self.attention(self.norm1(x), training=training, return_attention=True)
+        y = self.dropout(y, training=training)
+        x = x + self.drop_path(y, training=training)
+        y = self.mlp(self.norm2(x), training=training)
+        x = x + self.drop_path(y, training=training)
+        if return_attention:
+            return x, weights
+        return x
+
+    def compute_output_shape(self, input_shape):
+        return input_shape
+
+    def get_config(self):
+        return {
+            **super().get_config(),
+            "num_heads": self.num_heads,
+            "mlp_dim": self.mlp_dim,
+            "dropout_rate": self.dropout_rate,
+            "attention_dropout_rate": self.attention_dropout_rate,
+            "stochastic_depth_rate": self.stochastic_depth_rate,
+            "layer_norm_epsilon": self.layer_norm_epsilon,
+            "gelu_approximate": self.gelu_approximate,
+            "relative_grid": None if self.relative_grid is None else list(self.relative_grid),
+            "num_prefix_tokens": self.num_prefix_tokens,
+        }

@@ -1,0 +1,188 @@
+"""The Vision Transformer and its hybrid (BiT ResNet + ViT), and `create_model`."""
+
+from __future__ import annotations
+
+from typing import Optional, Union
+
+import keras
+from keras import ops
+
+from keras_vit.configs import ViTConfig, get_config
+from keras_vit.layers import ClassToken, EncoderBlock, PatchEmbedding, PositionEmbedding, ResNetStem
+
+
+@keras.saving.register_keras_serializable(package="keras_vit")
+class VisionTransformer(keras.Model):
+    """ViT image classifier, `[B, H, W, C]` images in [-1, 1] -> `[B, num_classes]` logits.
+
+    The backbone (optional ResNet stem, patch embedding, class token, position
+    embedding, encoder blocks, final LayerNorm, pooling, optional pre-logits) is
+    followed by a zero-initialised Dense head. With `num_classes=0` the model
+    outputs the pooled `[B, D]` features instead.
+
+    Logits are float32 under any dtype policy.
+    """
+
+    def __init__(self, config: Union[ViTConfig, dict], dtype=None, **kwargs):
+        if isinstance(config, dict):
+            config = ViTConfig.from_dict(config)
+        c = config
+        layer_kw = {"dtype": dtype} if dtype is not None else {}
+        # === Layers (named as in the official checkpoints where Keras allows) ===
+        self.resnet = (ResNetStem(c.resnet.num_layers, c.resnet.width_factor, name="resnet", **layer_kw)
+                       if c.resnet else None)
+        self.patch_embed = PatchEmbedding(c.hidden_size, c.patch_size, name="embedding", **layer_kw)
+        self.class_token = ClassToken(name="cls", **layer_kw) if c.classifier == "token" else None
+        self.position_embedding = PositionEmbedding(c.position_embedding, c.grid_size, c.num_prefix_tokens,
+                                                    name="posembed_input", **layer_kw)
+        self.embedding_dropout = keras.layers.Dropout(c.dropout_rate, name="embedding_dropout", **layer_kw)
+        relative_grid = c.grid_size if c.position_embedding == "relative" else None
+        self.blocks = [
+            EncoderBlock(
+                c.num_heads, c.mlp_dim, c.dropout_rate, c.attention_dropout_rate,
+                # Stochastic depth grows linearly with depth, from 0 at the first block.
+                c.stochastic_depth_rate * i / max(c.num_layers - 1, 1),
+                c.layer_norm_epsilon, c.gelu_approximate, relative_grid, c.num_prefix_tokens,
+                name=f"encoderblock_{i}", **layer_kw)
+            for i in range(c.num_layers)
+        ]
+        self.encoder_norm = keras.layers.LayerNormalization(epsilon=c.layer_norm_epsilon,
+                                                            name="encoder_norm", **layer_kw)
+        self.pre_logits = (keras.layers.Dense(c.representation_size, activation="tanh",
+                                              kernel_initializer="lecun_normal", name="pre_logits", **layer_kw)
+                           if c.representation_size else None)
+        self.head = (keras.layers.Dense(c.num_classes, kernel_initializer="zeros",
+                                        bias_initializer=keras.initializers.Constant(c.head_bias_init),
+                                        dtype="float32", name="head")
+                     if c.num_classes else None)
+
+        # === Functional model ===
+        images = keras.Input(shape=(*c.image_size, c.num_channels), name="images")
+        outputs = self.forward(images)["logits"]
+        super().__init__(inputs=images, outputs=outputs, name=kwargs.pop("name", _layer_name(c.name)),
+                         **kwargs)
+        self.config = c
+        self._dtype_arg = dtype
+
+    def forward(self, images, training=None, return_attention=False, return_tokens=False):
+        """Runs the model and returns a dict of what it computed.
+
+        Keys: `logits` `[B, C]` (the pooled features when there is no head),
+        `pre_logits` `[B, R or D]`, `encoded` `[B, T, D]` (after the final LayerNorm);
+        with `return_attention`, `attention`: one `[B, heads, T, T]` per block; with
+        `return_tokens`, `tokens`: one `[B, T, D]` per block output. T counts the class
+        token first when the classifier is `token`.
+        """
+        x = images
+        if self.resnet is not None:
+            x = self.resnet(x)
+        x = self.patch_embed(x)
+        if self.class_token is not None:
+            x = self.class_token(x)
+        x = self.position_embedding(x)
+        x = self.embedding_dropout(x, training=training)
+        attention, tokens = [], []
+        for block in self.blocks:
+            if return_attention:
+                x, weights = block(x, training=training, return_attention=True)
+                attention.append(weights)
+            else:
+                x = block(x, training=training)
+            if return_tokens:
+                tokens.append(x)
+        encoded = self.encoder_norm(x)
+        pooled = encoded[:, 0] if self.class_token is not None else ops.mean(encoded, axis=1)
+        if self.pre_logits is not None:
+            pooled = self.pre_logits(pooled)
+        logits = self.head(pooled) if self.head is not None else pooled
+        out = {"logits": logits, "pre_logits": pooled, "encoded": encoded}
+        if return_attention:
+            out["attention"] = attention
+        if return_tokens:
+            out["tokens"] = tokens
+        return out
+
+    def feature_extractor(self) -> keras.Model:
+        """A model sharing these weights that outputs the pre-logits features `[B, R or D]`."""
+        pre = self.get_layer("pre_logits").output if self.pre_logits is not None else None
+        if pre is None:
+            pre = self.forward(self.inputs[0])["pre_logits"]
+        return keras.Model(self.inputs[0], pre, name=f"{self.name}_features")
+
+    def get_config(self):
+        return {"config": self.config.to_dict(), "dtype": self._dtype_arg, "name": self.name,
+                "trainable": self.trainable}
+
+    @classmethod
+    def from_config(cls, config):
+        return cls(**config)
+
+
+def _layer_name(name: str) -> str:
+    return "".join(ch if ch.isalnum() else "_" for ch in name).strip("_").lower() or "vit"
+
+
+def create_model(
+    name_or_config: Union[str, ViTConfig, dict, None] = "ViT-B/16",
+    num_classes: Optional[int] = None,
+    image_size=None,
+    weights: Optional[str] = None,
+    dtype=None,
+    **overrides,
+) -> VisionTransformer:
+    """Builds a ViT or hybrid model, optionally filled from a checkpoint.
+
+    Args:
+      name_or_config: a paper name (`"ViT-B/16"`, `"R50+ViT-B/16"`, case-insensitive),
+        a `ViTConfig`, its dict or JSON file path, or None to take the architecture
+        from `weights`.
+      num_classes: size of the head; 0 for a headless feature model. Default: the
+        config's (1000 for named models), or the checkpoint's when loading weights.
+      image_size: int or (height, width), a multiple of the total patch stride.
+        Position embeddings of a checkpoint at another size are interpolated.
+      weights: an official `.npz` (released, Flax or big_vision naming) or a Hugging
+        Face ViT directory (`config.json` + `model.safetensors`).
+      dtype: a Keras dtype policy name for every layer; default the global policy.
+      **overrides: official config fields: `hidden_size`, `patch_size`, `mlp_dim`,
+        `num_heads`, `num_layers`, `dropout_rate`, `attention_dropout_rate`,
+        `stochastic_depth_rate`, `classifier`, `representation_size`, `resnet`,
+        `position_embedding`, `gelu_approximate`, `layer_norm_epsilon`, ...
+
+    Returns:
+      A built `VisionTransformer` mapping `[B, H, W, C]` images in [-1, 1] to logits.
+    """
+    from keras_vit import checkpoints  # the loaders import this module
+
+    source = checkpoints.open_checkpoint(weights) if weights is not None else None
+    if name_or_config is None:
+        if source is None:
+            raise ValueError("create_model needs a model name, a config, or weights to infer one from")
+        config = source.infer_config()
+    elif isinstance(name_or_config, ViTConfig):
+        config = name_or_config
+    elif isinstance(name_or_config, dict):
+        config = ViTConfig.from_dict(name_or_config)
+    elif isinstance(name_or_config, str) and name_or_config.endswith(".json"):
+        with open(name_or_config) as f:
+            config = ViTConfig.from_json(f.read())
+    elif isinstance(name_or_config, str):
+        config = get_config(name_or_config)
+    else:
+        raise TypeError(f"name_or_config must be a name, ViTConfig or dict, got {type(name_or_config)}")
+
+    if source is not None:
+        # What the checkpoint's own config fixes (HF's exact GELU, its epsilon)
+        # applies unless the caller overrides it explicitly.
+        implied = {k: v for k, v in source.implied_overrides().items() if k not in overrides}
+        overrides = {**implied, **overrides}
+        if num_classes is None:
+            num_classes = source.num_classes()
+    if num_classes is not None:
+        overrides["num_classes"] = num_classes
+    if image_size is not None:
+        overrides["image_size"] = image_size
+    config = config.replace(**overrides)
+    model = VisionTransformer(config, dtype=dtype)
+    if source is not None:
+        checkpoints.load_into(model, source)
+    return model

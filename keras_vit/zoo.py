@@ -1,0 +1,77 @@
+"""Builds every registered model and writes its size and cost: `python -m keras_vit.zoo`.
+
+For each model: parameters (counted on the built Keras model), forward GMACs and
+the token count at the chosen resolution. Writes `model_zoo.md` and
+`model_zoo.json` into --output_dir.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+from absl import app, flags
+
+FLAGS = flags.FLAGS
+flags.DEFINE_list("models", None, "Model names to include (default: all registered).")
+flags.DEFINE_integer("image_size", 224, "Square input resolution.")
+flags.DEFINE_integer("num_classes", 1000, "Head size.")
+flags.DEFINE_string("output_dir", "saved_models/zoo", "Where model_zoo.md and model_zoo.json go.")
+
+
+def describe(name: str, image_size: int, num_classes: int) -> dict:
+    import keras
+
+    import keras_vit
+    from keras_vit.flops import forward_macs
+
+    model = keras_vit.create_model(name, num_classes=num_classes, image_size=image_size)
+    cfg = model.config
+    row = {
+        "model": cfg.name,
+        "params": int(model.count_params()),
+        "gmacs": round(forward_macs(cfg) / 1e9, 3),
+        "tokens": cfg.seq_len,
+        "hidden_size": cfg.hidden_size,
+        "layers": cfg.num_layers,
+        "heads": cfg.num_heads,
+    }
+    del model
+    keras.backend.clear_session()
+    return row
+
+
+def main(argv):
+    del argv
+    import keras_vit
+
+    names = FLAGS.models or keras_vit.list_models()
+    rows = []
+    for i, name in enumerate(names, 1):
+        start = time.time()
+        rows.append(describe(name, FLAGS.image_size, FLAGS.num_classes))
+        r = rows[-1]
+        print(f"[{i}/{len(names)}] {r['model']:<14} {r['params']:>13,} params  {r['gmacs']:>8.2f} GMACs"
+              f"  ({time.time() - start:.1f} s)", flush=True)
+    os.makedirs(FLAGS.output_dir, exist_ok=True)
+    md = os.path.join(FLAGS.output_dir, "model_zoo.md")
+    with open(md, "w") as f:
+        f.write(f"Models at {FLAGS.image_size}x{FLAGS.image_size}, {FLAGS.num_classes} classes.\n\n")
+        f.write("| model | params | GMACs | tokens | width | depth | heads |\n|---|---:|---:|---:|---:|---:|---:|\n")
+        for r in rows:
+            f.write(f"| {r['model']} | {r['params']:,} | {r['gmacs']:.2f} | {r['tokens']} | "
+                    f"{r['hidden_size']} | {r['layers']} | {r['heads']} |\n")
+    js = os.path.join(FLAGS.output_dir, "model_zoo.json")
+    with open(js, "w") as f:
+        json.dump(rows, f, indent=2)
+    print(f"Wrote {md} and {js}", file=sys.stderr)
+
+
+def run():
+    app.run(main)
+
+
+if __name__ == "__main__":
+    run()

@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# Makes .venv match requirements/lock.txt and installs the offline data set.
+#
+# The 3.4 GB environment lives in a cache directory keyed by the lock's hash and
+# .venv is a symlink to it, so a fresh clone (CI's included) reuses an existing
+# install instead of spending five minutes repeating it.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+lock=requirements/lock.txt
+hash=$(sha256sum "$lock" | cut -c1-16)
+cache_root=${KERAS_VIT_VENV_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/keras-vit}
+venv="$cache_root/venv-$hash"
+
+find_python() {
+  local candidate
+  for candidate in "${PYTHON:-}" python3.10 "$HOME"/.pyenv/versions/3.10*/bin/python3.10 /usr/bin/python3.10 /usr/local/bin/python3.10; do
+    [ -n "$candidate" ] || continue
+    if "$candidate" -c 'import sys; assert sys.version_info[:2] == (3, 10)' 2>/dev/null; then
+      command -v "$candidate" || echo "$candidate"
+      return 0
+    fi
+  done
+  # pyenv installs 3.10 without putting it first on PATH; ask pyenv directly.
+  if command -v pyenv >/dev/null; then
+    for v in $(pyenv versions --bare | grep '^3\.10'); do
+      candidate="$(pyenv root)/versions/$v/bin/python3.10"
+      [ -x "$candidate" ] && { echo "$candidate"; return 0; }
+    done
+  fi
+  echo "error: Python 3.10 is required (TFX 1.16 has no wheels for other versions here)." >&2
+  echo "       Install it (e.g. 'pyenv install 3.10') or set PYTHON=/path/to/python3.10." >&2
+  return 1
+}
+
+if [ ! -f "$venv/.lock-installed" ]; then
+  py=$(find_python)
+  echo "Creating the environment for lock $hash in $venv (about 5 minutes, 3.4 GB)..."
+  rm -rf "$venv.partial"
+  mkdir -p "$cache_root"
+  "$py" -m venv "$venv.partial"
+  "$venv.partial/bin/python" -m pip install --quiet --disable-pip-version-check uv==0.13.9
+  # --no-deps with a fully pinned lock: nothing left for a resolver to backtrack on.
+  VIRTUAL_ENV="$venv.partial" "$venv.partial/bin/uv" pip install --quiet --no-deps \
+    --python "$venv.partial/bin/python" -r "$lock"
+  # venv scripts hard-code their directory, so recreate them after the rename.
+  mv "$venv.partial" "$venv"
+  "$py" -m venv --upgrade "$venv" >/dev/null
+  touch "$venv/.lock-installed"
+fi
+
+if [ "$(readlink .venv 2>/dev/null)" != "$venv" ]; then
+  rm -rf .venv
+  ln -s "$venv" .venv
+fi
+fmnist=/usr/share/datasets/fashion-mnist
+if [ ! -f "$fmnist/train-images-idx3-ubyte.gz" ] && [ -z "${KERAS_VIT_SKIP_APT:-}" ]; then
+  echo "Installing Fashion-MNIST from Debian's dataset-fashion-mnist..."
+  SUDO=""; [ "$(id -u)" = 0 ] || SUDO=sudo
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq dataset-fashion-mnist >/dev/null
+fi
