@@ -107,13 +107,13 @@ def _model_tensors(model) -> List[Tuple[str, object, object]]:
         attn, a = block.attention, f"{pre}/MultiHeadDotProductAttention_1"
         names = [f"{a}/{t}/kernel" for t in ("query", "key", "value")]
         bnames = [f"{a}/{t}/bias" for t in ("query", "key", "value")]
-        d = c.hidden_size
+        d, h, dh = c.hidden_size, c.num_heads, c.head_dim
         out.append((names, attn.qkv_kernel,
-                    lambda p, n=names, d=d: np.concatenate([p[k].reshape(d, -1) for k in n], axis=1)))
+                    lambda p, n=names: np.concatenate([_shaped(p, k, (d, h, dh)).reshape(d, -1) for k in n], 1)))
         out.append((bnames, attn.qkv_bias,
-                    lambda p, n=bnames: np.concatenate([p[k].reshape(-1) for k in n])))
+                    lambda p, n=bnames: np.concatenate([_shaped(p, k, (h, dh)).reshape(-1) for k in n])))
         out.append((f"{a}/out/kernel", attn.out_kernel,
-                    lambda p, n=f"{a}/out/kernel", d=d: p[n].reshape(-1, d)))
+                    lambda p, n=f"{a}/out/kernel": _shaped(p, n, (h, dh, d)).reshape(-1, d)))
         direct(f"{a}/out/bias", attn.out_bias)
         for dense, layer in (("Dense_0", block.mlp.fc1), ("Dense_1", block.mlp.fc2)):
             direct(f"{pre}/MlpBlock_3/{dense}/kernel", layer.kernel)
@@ -123,6 +123,14 @@ def _model_tensors(model) -> List[Tuple[str, object, object]]:
         direct("pre_logits/kernel", model.pre_logits.kernel)
         direct("pre_logits/bias", model.pre_logits.bias)
     return out
+
+
+def _shaped(params, name, shape):
+    """params[name], which the fused layout reshapes, so its own shape must be checked first."""
+    value = params[name]
+    if tuple(value.shape) != tuple(shape):
+        raise CheckpointError(f"tensor {name!r} has shape {tuple(value.shape)}, model expects {tuple(shape)}")
+    return value
 
 
 def load_into(model, source: CheckpointSource) -> List[str]:
@@ -147,9 +155,12 @@ def load_into(model, source: CheckpointSource) -> List[str]:
             if n not in params:
                 fail(f"missing tensor {n!r} (model {c.name} expects it)")
             used.add(n)
-        value = np.asarray(convert(params))
+        try:
+            value = np.asarray(convert(params))
+        except CheckpointError as e:
+            fail(str(e))
         if tuple(value.shape) != tuple(var.shape):
-            label = names if isinstance(names, str) else names[0].rsplit("/", 2)[0] + "/{query,key,value}"
+            label = names if isinstance(names, str) else names[0]
             fail(f"tensor {label!r} has shape {tuple(value.shape)}, model expects {tuple(var.shape)}")
         assignments.append((var, value))
 

@@ -6,6 +6,7 @@ All three are turned into the released naming (`MultiHeadDotProductAttention_1`,
 
 from __future__ import annotations
 
+import os
 import re
 import zipfile
 from typing import Dict, Optional, Tuple
@@ -25,6 +26,8 @@ _FLAX_BLOCK_NAMES = {
 
 def read_npz(path: str) -> Dict[str, np.ndarray]:
     """Every array of an `.npz`, refusing pickled objects."""
+    if os.path.exists(path) and not zipfile.is_zipfile(path):
+        raise CheckpointError(f"{path}: not a readable .npz checkpoint (not a zip archive)")
     try:
         with np.load(path, allow_pickle=False) as data:
             return {k: data[k] for k in data.files}

@@ -123,38 +123,42 @@ class ResNetStem(keras.layers.Layer):
         self.conv_root = StdConv2D(width, 7, strides=2, dtype=p, name="conv_root")
         self.gn_root = _group_norm("gn_root", p)
         self.pool = keras.layers.MaxPooling2D(3, strides=2, padding="same", dtype=p)
-        self.stages = []
-        for i, units in enumerate(self.num_layers):
-            stage = []
-            for u in range(units):
-                stride = 2 if (i > 0 and u == 0) else 1
-                stage.append(BottleneckUnit(width * 2 ** i, stride, dtype=p,
-                                            name=f"block{i + 1}_unit{u + 1}"))
-            self.stages.append(stage)
+        # One flat list: Keras's saver does not look inside nested lists.
+        self.units = [
+            BottleneckUnit(width * 2 ** i, 2 if (i > 0 and u == 0) else 1, dtype=p,
+                           name=f"block{i + 1}_unit{u + 1}")
+            for i, count in enumerate(self.num_layers) for u in range(count)
+        ]
+
+    @property
+    def stages(self):
+        """The units grouped by stage: `stages[i][u]` is official `block{i+1}/unit{u+1}`."""
+        out, start = [], 0
+        for count in self.num_layers:
+            out.append(self.units[start:start + count])
+            start += count
+        return out
 
     def build(self, input_shape):
         self.conv_root.build(input_shape)
         shape = self.conv_root.compute_output_shape(input_shape)
         self.gn_root.build(shape)
         shape = self.pool.compute_output_shape(shape)
-        for stage in self.stages:
-            for unit in stage:
-                unit.build(shape)
-                shape = unit.compute_output_shape(shape)
+        for unit in self.units:
+            unit.build(shape)
+            shape = unit.compute_output_shape(shape)
 
     def call(self, images):
         x = ops.relu(self.gn_root(self.conv_root(images)))
         x = self.pool(x)
-        for stage in self.stages:
-            for unit in stage:
-                x = unit(x)
+        for unit in self.units:
+            x = unit(x)
         return x
 
     def compute_output_shape(self, input_shape):
         shape = self.pool.compute_output_shape(self.conv_root.compute_output_shape(input_shape))
-        for stage in self.stages:
-            for unit in stage:
-                shape = unit.compute_output_shape(shape)
+        for unit in self.units:
+            shape = unit.compute_output_shape(shape)
         return shape
 
     def get_config(self):

@@ -1,0 +1,150 @@
+"""Every layer through Keras's own layer test harness, plus the maths each one owns."""
+
+import numpy as np
+import pytest
+from keras import ops
+from keras.src import testing
+
+from keras_vit import layers
+from keras_vit.layers.attention import num_relative_positions, relative_position_index
+from keras_vit.layers.embedding import sincos_2d
+
+
+class LayerHarnessTest(testing.TestCase):
+    def test_patch_embedding(self):
+        self.run_layer_test(layers.PatchEmbedding, {"hidden_size": 8, "patch_size": (4, 4)},
+                            input_shape=(2, 16, 8, 3), expected_output_shape=(2, 8, 8),
+                            expected_num_trainable_weights=2)
+
+    def test_class_token(self):
+        self.run_layer_test(layers.ClassToken, {}, input_shape=(2, 5, 8), expected_output_shape=(2, 6, 8),
+                            expected_num_trainable_weights=1)
+
+    def test_position_embedding_learned(self):
+        self.run_layer_test(layers.PositionEmbedding,
+                            {"kind": "learned", "grid_size": (2, 3), "num_prefix_tokens": 1},
+                            input_shape=(2, 7, 8), expected_output_shape=(2, 7, 8),
+                            expected_num_trainable_weights=1)
+
+    def test_position_embedding_sincos(self):
+        self.run_layer_test(layers.PositionEmbedding, {"kind": "sincos2d", "grid_size": (2, 2)},
+                            input_shape=(2, 4, 8), expected_output_shape=(2, 4, 8),
+                            expected_num_trainable_weights=0, run_training_check=False)
+
+    def test_attention(self):
+        self.run_layer_test(layers.MultiHeadSelfAttention, {"num_heads": 2, "dropout_rate": 0.1},
+                            input_shape=(2, 5, 8), expected_output_shape=(2, 5, 8),
+                            expected_num_trainable_weights=4, expected_num_seed_generators=1)
+
+    def test_attention_relative(self):
+        self.run_layer_test(layers.MultiHeadSelfAttention,
+                            {"num_heads": 2, "relative_grid": (2, 2), "num_prefix_tokens": 1},
+                            input_shape=(2, 5, 8), expected_output_shape=(2, 5, 8),
+                            expected_num_trainable_weights=5, expected_num_seed_generators=0)
+
+    def test_mlp_block(self):
+        self.run_layer_test(layers.MlpBlock, {"mlp_dim": 16, "dropout_rate": 0.1}, input_shape=(2, 5, 8),
+                            expected_output_shape=(2, 5, 8), expected_num_trainable_weights=4,
+                            expected_num_seed_generators=1)
+
+    def test_stochastic_depth(self):
+        self.run_layer_test(layers.StochasticDepth, {"rate": 0.5, "seed": 1}, input_shape=(4, 5, 8),
+                            expected_output_shape=(4, 5, 8), expected_num_trainable_weights=0,
+                            expected_num_seed_generators=1, run_training_check=False)
+
+    def test_encoder_block(self):
+        self.run_layer_test(layers.EncoderBlock,
+                            {"num_heads": 2, "mlp_dim": 16, "dropout_rate": 0.1, "stochastic_depth_rate": 0.1},
+                            input_shape=(2, 5, 8), expected_output_shape=(2, 5, 8),
+                            expected_num_trainable_weights=12)
+
+    def test_std_conv(self):
+        self.run_layer_test(layers.StdConv2D, {"filters": 4, "kernel_size": 3, "strides": 2},
+                            input_shape=(2, 8, 8, 3), expected_output_shape=(2, 4, 4, 4),
+                            expected_num_trainable_weights=1)
+
+    def test_bottleneck_projection(self):
+        self.run_layer_test(layers.BottleneckUnit, {"features": 32, "strides": 2}, input_shape=(2, 8, 8, 64),
+                            expected_output_shape=(2, 4, 4, 128), expected_num_trainable_weights=12)
+
+    def test_bottleneck_identity(self):
+        self.run_layer_test(layers.BottleneckUnit, {"features": 32}, input_shape=(2, 8, 8, 128),
+                            expected_output_shape=(2, 8, 8, 128), expected_num_trainable_weights=9)
+
+    def test_resnet_stem(self):
+        self.run_layer_test(layers.ResNetStem, {"num_layers": (1, 1), "width_factor": 0.5},
+                            input_shape=(2, 32, 32, 3), expected_output_shape=(2, 4, 4, 256),
+                            expected_num_trainable_weights=3 + 12 + 12)
+
+
+def test_sincos_values_and_similarity_falls_with_distance():
+    table = sincos_2d((4, 5), 16)
+    assert table.shape == (20, 16)
+    # Row 0 is position (0, 0): sin terms 0, cos terms 1.
+    np.testing.assert_allclose(table[0], [0] * 4 + [1] * 4 + [0] * 4 + [1] * 4, atol=1e-7)
+    # Position (1, 2) is row 7: x = 2 with the highest frequency 1.
+    assert table[7, 0] == pytest.approx(np.sin(2.0), abs=1e-6)
+    assert table[7, 8] == pytest.approx(np.sin(1.0), abs=1e-6)
+    sims = table @ table[0]
+    assert sims[0] > sims[1] > sims[3]
+
+
+def test_relative_position_index_is_translation_invariant():
+    idx = relative_position_index((3, 4), num_prefix_tokens=1)
+    assert idx.shape == (13, 13)
+    assert idx.max() == num_relative_positions((3, 4), 1) - 1
+    # Patch (0,0)->(1,1) and (1,2)->(2,3) share an offset, so an index.
+    assert idx[1 + 0, 1 + 5] == idx[1 + 6, 1 + 11]
+    assert idx[1 + 0, 1 + 5] != idx[1 + 5, 1 + 0]
+    assert len({idx[0, 1], idx[1, 0], idx[0, 0]}) == 3
+    assert len(np.unique(idx[1:, 1:])) == (2 * 3 - 1) * (2 * 4 - 1)
+
+
+def test_relative_bias_changes_attention():
+    layer = layers.MultiHeadSelfAttention(2, relative_grid=(2, 2))
+    x = np.random.RandomState(0).normal(size=(1, 4, 8)).astype("float32")
+    _, before = layer(x, return_attention=True)
+    table = np.zeros(layer.relative_bias.shape, "float32")
+    table[relative_position_index((2, 2), 0)[0, 3], 0] = 20.0  # strongly favour offset (0,0)->(1,1), head 0
+    layer.relative_bias.assign(table)
+    _, after = layer(x, return_attention=True)
+    assert float(after[0, 0, 0, 3]) > 0.99
+    np.testing.assert_allclose(after[0, 1], before[0, 1], atol=1e-6)
+
+
+def test_attention_matches_explicit_softmax():
+    layer = layers.MultiHeadSelfAttention(2)
+    x = np.random.RandomState(1).normal(size=(2, 3, 4)).astype("float32")
+    out, weights = layer(x, return_attention=True)
+    w, b = ops.convert_to_numpy(layer.qkv_kernel), ops.convert_to_numpy(layer.qkv_bias)
+    q, k, v = np.split(x @ w + b, 3, axis=-1)
+    split = lambda t: t.reshape(2, 3, 2, 2).transpose(0, 2, 1, 3)  # noqa: E731
+    logits = split(q) @ split(k).transpose(0, 1, 3, 2) / np.sqrt(2)
+    p = np.exp(logits - logits.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    np.testing.assert_allclose(weights, p, atol=1e-6)
+    mixed = (p @ split(v)).transpose(0, 2, 1, 3).reshape(2, 3, 4)
+    expected = mixed @ ops.convert_to_numpy(layer.out_kernel) + ops.convert_to_numpy(layer.out_bias)
+    np.testing.assert_allclose(out, expected, atol=1e-5)
+
+
+def test_std_conv_standardises_each_filter():
+    layer = layers.StdConv2D(3, 3)
+    layer.build((None, 5, 5, 2))
+    kernel = np.random.RandomState(0).normal(2.0, 3.0, size=(3, 3, 2, 3)).astype("float32")
+    layer.kernel.assign(kernel)
+    x = np.random.RandomState(1).normal(size=(1, 5, 5, 2)).astype("float32")
+    std = (kernel - kernel.mean((0, 1, 2))) / (kernel.std((0, 1, 2)) + 1e-5)
+    expected = ops.conv(x, std, padding="same")
+    np.testing.assert_allclose(layer(x), expected, atol=1e-5)
+
+
+def test_stochastic_depth_drops_whole_examples_and_keeps_the_mean():
+    layer = layers.StochasticDepth(0.5, seed=3)
+    x = np.ones((2000, 3, 4), "float32")
+    y = ops.convert_to_numpy(layer(x, training=True))
+    per_example = y.reshape(2000, -1)
+    assert set(np.unique(per_example)) <= {0.0, 2.0}
+    assert (per_example.min(1) == per_example.max(1)).all()
+    assert abs(y.mean() - 1.0) < 0.1
+    np.testing.assert_array_equal(layer(x, training=False), x)
