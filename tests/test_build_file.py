@@ -47,7 +47,9 @@ def tracked_python_files():
 
 
 def owners(path):
-    return [n for n, t in TARGETS.items() if path in t["srcs"] and t["kind"] != "py_binary"]
+    """The library or test a file belongs to; a script only a py_binary lists belongs to that."""
+    found = [n for n, t in TARGETS.items() if path in t["srcs"] and t["kind"] != "py_binary"]
+    return found or [n for n, t in TARGETS.items() if path in t["srcs"]]
 
 
 def test_every_source_file_exists():

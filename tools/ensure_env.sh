@@ -8,7 +8,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 lock=requirements/lock.txt
-hash=$(sha256sum "$lock" | cut -c1-16)
+# The key covers this script too, so a change to how the env is built rebuilds it.
+hash=$(cat "$lock" "$0" | sha256sum | cut -c1-16)
 cache_root=${KERAS_VIT_VENV_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/keras-vit}
 venv="$cache_root/venv-$hash"
 
@@ -36,16 +37,14 @@ find_python() {
 if [ ! -f "$venv/.lock-installed" ]; then
   py=$(find_python)
   echo "Creating the environment for lock $hash in $venv (about 5 minutes, 3.4 GB)..."
-  rm -rf "$venv.partial"
+  # Installed in place (console scripts hard-code their interpreter's path); the
+  # stamp written last marks it complete, so an interrupted install is redone.
+  rm -rf "$venv"
   mkdir -p "$cache_root"
-  "$py" -m venv "$venv.partial"
-  "$venv.partial/bin/python" -m pip install --quiet --disable-pip-version-check uv==0.13.9
+  "$py" -m venv "$venv"
+  "$venv/bin/python" -m pip install --quiet --disable-pip-version-check uv==0.13.9
   # --no-deps with a fully pinned lock: nothing left for a resolver to backtrack on.
-  VIRTUAL_ENV="$venv.partial" "$venv.partial/bin/uv" pip install --quiet --no-deps \
-    --python "$venv.partial/bin/python" -r "$lock"
-  # venv scripts hard-code their directory, so recreate them after the rename.
-  mv "$venv.partial" "$venv"
-  "$py" -m venv --upgrade "$venv" >/dev/null
+  "$venv/bin/uv" pip install --quiet --no-deps --python "$venv/bin/python" -r "$lock"
   touch "$venv/.lock-installed"
 fi
 

@@ -1,0 +1,256 @@
+"""SavedModel export for TF Serving: encoded images in, probabilities and class names out.
+
+`export_saved_model` writes `<base>/<version>/`, the layout TF Serving polls, with
+three signatures, warmup requests and a `models.config` beside the model
+directories. The SavedModel needs neither keras_vit nor custom objects to load.
+
+    python -m keras_vit.export --model=vit.keras --output_dir=saved_models/vit \
+        --class_names=cat,dog
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import sys
+import tempfile
+from typing import Optional, Sequence
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from keras_vit import preprocessing
+
+SIGNATURES = ("serving_default", "serving_examples", "predict_images")
+IMAGE_FEATURE = "image"
+
+
+def _model_image_shape(model):
+    shape = model.inputs[0].shape
+    if len(shape) != 4 or None in shape[1:]:
+        raise ValueError(f"the model must take fixed-size NHWC images, its input is {shape}")
+    return tuple(shape[1:3]), shape[3]
+
+
+def _next_version(base: str) -> int:
+    versions = [int(d) for d in os.listdir(base) if d.isdigit()] if os.path.isdir(base) else []
+    return max(versions, default=0) + 1
+
+
+class _ServingGraph:
+    """The three signature functions over one model, sharing the output head."""
+
+    def __init__(self, model, class_names, image_size, channels, top_k, activation):
+        self.model = model
+        self.image_size = image_size
+        self.channels = channels
+        self.top_k = top_k
+        self.activation = activation
+        self.class_names = tf.constant(class_names)
+
+    def outputs(self, images):
+        logits = tf.cast(self.model(images, training=False), tf.float32)
+        probs = tf.nn.softmax(logits, axis=-1) if self.activation == "softmax" else tf.sigmoid(logits)
+        classes = tf.argmax(probs, axis=-1, output_type=tf.int64)
+        top = tf.math.top_k(probs, k=self.top_k)
+        return {
+            "probabilities": probs,
+            "classes": classes,
+            "class_names": tf.gather(self.class_names, classes),
+            "top_k_classes": tf.cast(top.indices, tf.int64),
+            "top_k_probabilities": top.values,
+        }
+
+    def from_bytes(self, image_bytes, input_name):
+        images = preprocessing.decode_batch_for_eval(image_bytes, self.image_size, self.channels, input_name)
+        return self.outputs(images)
+
+    def serving_default(self, image_bytes):
+        return self.from_bytes(image_bytes, "image_bytes")
+
+    def serving_examples(self, examples):
+        features = tf.io.parse_example(examples, {IMAGE_FEATURE: tf.io.FixedLenFeature([], tf.string)})
+        return self.from_bytes(features[IMAGE_FEATURE], f"examples.{IMAGE_FEATURE}")
+
+    def predict_images(self, images):
+        return self.outputs(images)
+
+
+def export_saved_model(
+    model: keras.Model,
+    path: str,
+    class_names: Optional[Sequence[str]] = None,
+    image_size=None,
+    version: Optional[int] = None,
+    top_k: int = 5,
+    activation: str = "softmax",
+    warmup: bool = True,
+    models_config_prefix: Optional[str] = None,
+) -> str:
+    """Writes `model` as a TF Serving SavedModel under `path/<version>/`.
+
+    Signatures (all return `probabilities` float32 [N, C], `classes` int64 [N],
+    `class_names` string [N], `top_k_classes` int64 [N, k], `top_k_probabilities`
+    float32 [N, k], k = min(top_k, C)):
+      - `serving_default`: `image_bytes` string [N], encoded JPEG/PNG/GIF/BMP; decoded,
+        converted to RGB, resized and scaled to [-1, 1] in the graph.
+      - `serving_examples`: `examples` string [N], serialized tf.Example with an
+        `image` bytes feature (for TFMA and InfraValidator).
+      - `predict_images`: `images` float32 [N, H, W, C], already preprocessed.
+
+    Args:
+      model: a Keras model taking fixed-size `[N, H, W, C]` images in [-1, 1].
+      path: the model's base directory, e.g. `saved_models/vit_b16`.
+      class_names: C names; default "0" ... "C-1".
+      image_size: the size images are resized to; must equal the model's input.
+      version: integer version; default one more than the highest under `path`.
+      top_k: how many classes the top-k outputs hold.
+      activation: "softmax", or "sigmoid" for models trained with a sigmoid loss.
+      warmup: write `assets.extra/tf_serving_warmup_requests`.
+      models_config_prefix: base-path prefix in `models.config` (e.g. "/models" where
+        the server sees `path`'s parent there); default the absolute local path.
+
+    Returns:
+      The version directory written.
+    """
+    size, channels = _model_image_shape(model)
+    if image_size is not None:
+        wanted = (image_size, image_size) if isinstance(image_size, int) else tuple(image_size)
+        if wanted != size:
+            raise ValueError(f"image_size {wanted} differs from the model's input size {size}")
+    num_classes = int(model.outputs[0].shape[-1])
+    if class_names is None:
+        class_names = [str(i) for i in range(num_classes)]
+    class_names = [str(n) for n in class_names]
+    if len(class_names) != num_classes:
+        raise ValueError(f"{len(class_names)} class names for a model with {num_classes} outputs")
+    if activation not in ("softmax", "sigmoid"):
+        raise ValueError(f"activation must be 'softmax' or 'sigmoid', got {activation!r}")
+    if top_k < 1:
+        raise ValueError(f"top_k must be >= 1, got {top_k}")
+    version = _next_version(path) if version is None else int(version)
+    final = os.path.join(path, str(version))
+    if os.path.exists(final):
+        raise FileExistsError(f"{final} exists; TF Serving versions are immutable, pick another version")
+
+    graph = _ServingGraph(model, class_names, size, channels, min(top_k, num_classes), activation)
+    archive = keras.export.ExportArchive()
+    archive.track(model)
+    archive.add_endpoint("serving_default", graph.serving_default,
+                         input_signature=[tf.TensorSpec([None], tf.string, name="image_bytes")])
+    archive.add_endpoint("serving_examples", graph.serving_examples,
+                         input_signature=[tf.TensorSpec([None], tf.string, name="examples")])
+    archive.add_endpoint("predict_images", graph.predict_images,
+                         input_signature=[tf.TensorSpec([None, *size, channels], tf.float32, name="images")])
+
+    os.makedirs(path, exist_ok=True)
+    # TF Serving loads any integer directory it sees, so write elsewhere and rename.
+    staging = tempfile.mkdtemp(prefix=f".{version}-", dir=path)
+    try:
+        archive.write_out(staging, verbose=False)
+        if warmup:
+            write_warmup_requests(staging, os.path.basename(os.path.normpath(path)), size, channels)
+        os.rename(staging, final)
+    finally:
+        if os.path.exists(staging):
+            shutil.rmtree(staging)
+    write_models_config(os.path.dirname(os.path.abspath(path)), models_config_prefix)
+    return final
+
+
+def _warmup_png(size, channels) -> bytes:
+    h, w = size
+    ramp = np.linspace(0, 255, h * w * 3, dtype=np.float32).reshape(h, w, 3).astype(np.uint8)
+    return tf.io.encode_png(ramp if channels == 3 else ramp[..., :1]).numpy()
+
+
+def write_warmup_requests(version_dir: str, model_name: str, size, channels) -> str:
+    """Writes PredictionLog records TF Serving replays at load time, one per byte signature."""
+    from tensorflow_serving.apis import model_pb2, predict_pb2, prediction_log_pb2
+
+    png = _warmup_png(size, channels)
+    example = tf.train.Example(features=tf.train.Features(feature={
+        IMAGE_FEATURE: tf.train.Feature(bytes_list=tf.train.BytesList(value=[png]))})).SerializeToString()
+    out_dir = os.path.join(version_dir, "assets.extra")
+    os.makedirs(out_dir, exist_ok=True)
+    out = os.path.join(out_dir, "tf_serving_warmup_requests")
+    with tf.io.TFRecordWriter(out) as writer:
+        for signature, key, value in (("serving_default", "image_bytes", png),
+                                      ("serving_examples", "examples", example)):
+            request = predict_pb2.PredictRequest(
+                model_spec=model_pb2.ModelSpec(name=model_name, signature_name=signature))
+            request.inputs[key].CopyFrom(tf.make_tensor_proto([value], dtype=tf.string))
+            log = prediction_log_pb2.PredictionLog(predict_log=prediction_log_pb2.PredictLog(request=request))
+            writer.write(log.SerializeToString())
+    return out
+
+
+def write_models_config(serving_root: str, base_path_prefix: Optional[str] = None) -> str:
+    """Writes `serving_root/models.config` listing every model directory with versions.
+
+    base paths are absolute, or `base_path_prefix/<name>` (e.g. "/models" for the
+    directory mounted into the TF Serving container).
+    """
+    from google.protobuf import text_format
+    from tensorflow_serving.config import model_server_config_pb2
+
+    config = model_server_config_pb2.ModelServerConfig()
+    for name in sorted(os.listdir(serving_root)):
+        base = os.path.join(serving_root, name)
+        if os.path.isdir(base) and re.fullmatch(r"[A-Za-z0-9_.\-]+", name) and any(
+                d.isdigit() for d in os.listdir(base)):
+            entry = config.model_config_list.config.add()
+            entry.name = name
+            entry.base_path = f"{base_path_prefix.rstrip('/')}/{name}" if base_path_prefix else os.path.abspath(base)
+            entry.model_platform = "tensorflow"
+    out = os.path.join(serving_root, "models.config")
+    with open(out, "w") as f:
+        f.write(text_format.MessageToString(config))
+    return out
+
+
+def main(argv):
+    from absl import flags
+
+    FLAGS = flags.FLAGS
+    del argv
+    model = keras.saving.load_model(FLAGS.model)
+    names = None
+    if FLAGS.class_names_file:
+        with open(FLAGS.class_names_file) as f:
+            names = [line.strip() for line in f if line.strip()]
+    elif FLAGS.class_names:
+        names = FLAGS.class_names
+    print(f"Exporting {FLAGS.model} ...", file=sys.stderr)
+    out = export_saved_model(model, FLAGS.output_dir, class_names=names, version=FLAGS.version,
+                             top_k=FLAGS.top_k, activation=FLAGS.activation,
+                             models_config_prefix=FLAGS.models_config_prefix)
+    print(f"Wrote SavedModel to {out} and {os.path.join(os.path.dirname(os.path.abspath(FLAGS.output_dir)), 'models.config')}")
+
+
+def _define_flags():
+    from absl import flags
+
+    flags.DEFINE_string("model", None, "A .keras model file.", required=True)
+    flags.DEFINE_string("output_dir", None, "Model base directory, e.g. saved_models/vit.", required=True)
+    flags.DEFINE_list("class_names", None, "Comma-separated class names.")
+    flags.DEFINE_string("class_names_file", None, "File with one class name per line.")
+    flags.DEFINE_integer("version", None, "Version number (default: next free).")
+    flags.DEFINE_integer("top_k", 5, "Classes in the top-k outputs.")
+    flags.DEFINE_enum("activation", "softmax", ["softmax", "sigmoid"], "Output activation.")
+    flags.DEFINE_string("models_config_prefix", None,
+                        "Base-path prefix in models.config, e.g. /models inside the TF Serving container.")
+
+
+def run():
+    """Console entry point; flags are defined here so importing the module defines none."""
+    from absl import app
+
+    _define_flags()
+    app.run(main)
+
+
+if __name__ == "__main__":
+    run()

@@ -1,0 +1,291 @@
+"""The serving export, tested as TF Serving and its clients use it."""
+
+import base64
+import io
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+import urllib.request
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from conftest import data_path
+from PIL import Image
+
+import keras_vit
+from keras_vit import preprocessing
+from keras_vit.export import export_saved_model
+
+CLASSES = [f"class_{i}" for i in range(10)]
+VENV_BIN = os.path.dirname(sys.executable)
+
+
+def encode(array, fmt):
+    buf = io.BytesIO()
+    Image.fromarray(array).save(buf, format=fmt, **({"quality": 95} if fmt == "JPEG" else {}))
+    return buf.getvalue()
+
+
+def sample_images():
+    rng = np.random.RandomState(0)
+    rgb = rng.randint(0, 256, (40, 24, 3), dtype=np.uint8)
+    return [
+        encode(rgb, "PNG"),
+        encode(rgb, "JPEG"),
+        encode(rng.randint(0, 256, (32, 32), dtype=np.uint8), "PNG"),  # grayscale
+        encode(rng.randint(0, 256, (20, 50, 4), dtype=np.uint8), "PNG"),  # RGBA
+        encode(rgb, "GIF"),
+        encode(rgb, "BMP"),
+    ]
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    root = tmp_path_factory.mktemp("serving")
+    model = keras_vit.create_model(None, weights=data_path("vit_tiny_token_rep.npz"))
+    path = export_saved_model(model, str(root / "tiny"), class_names=CLASSES)
+    return model, root, path
+
+
+def expected_outputs(model, images):
+    batch = tf.stack([preprocessing.decode_for_eval(b, (32, 32)) for b in images])
+    logits = model.predict(batch, verbose=0)
+    return tf.nn.softmax(logits).numpy(), batch.numpy()
+
+
+def example(image):
+    return tf.train.Example(features=tf.train.Features(feature={
+        "image": tf.train.Feature(bytes_list=tf.train.BytesList(value=[image]))})).SerializeToString()
+
+
+def test_layout_versions_and_models_config(exported, tmp_path):
+    model, root, path = exported
+    assert path == str(root / "tiny" / "1")
+    assert os.path.exists(os.path.join(path, "saved_model.pb"))
+    assert not [d for d in os.listdir(root / "tiny") if d.startswith(".")], "staging dir left behind"
+    from google.protobuf import text_format
+    from tensorflow_serving.config import model_server_config_pb2
+
+    config = text_format.Parse((root / "models.config").read_text(), model_server_config_pb2.ModelServerConfig())
+    (entry,) = config.model_config_list.config
+    assert (entry.name, entry.base_path, entry.model_platform) == ("tiny", str(root / "tiny"), "tensorflow")
+    again = export_saved_model(model, str(tmp_path / "m"), class_names=CLASSES)
+    assert again.endswith("/1")
+    assert export_saved_model(model, str(tmp_path / "m"), class_names=CLASSES, warmup=False,
+                              models_config_prefix="/models/").endswith("/2")
+    assert 'base_path: "/models/m"' in (tmp_path / "models.config").read_text()
+    with pytest.raises(FileExistsError):
+        export_saved_model(model, str(tmp_path / "m"), class_names=CLASSES, version=2)
+
+
+def test_export_rejects_bad_arguments(exported, tmp_path):
+    model = exported[0]
+    with pytest.raises(ValueError, match="3 class names for a model with 10 outputs"):
+        export_saved_model(model, str(tmp_path / "x"), class_names=["a", "b", "c"])
+    with pytest.raises(ValueError, match="differs from the model's input size"):
+        export_saved_model(model, str(tmp_path / "x"), image_size=64)
+
+
+def test_saved_model_cli_lists_the_three_signatures(exported):
+    out = subprocess.run([os.path.join(VENV_BIN, "saved_model_cli"), "show", "--dir", exported[2], "--all"],
+                         capture_output=True, text=True, check=True).stdout
+    for signature, key, dtype, shape in [("serving_default", "image_bytes", "DT_STRING", "(-1)"),
+                                         ("serving_examples", "examples", "DT_STRING", "(-1)"),
+                                         ("predict_images", "images", "DT_FLOAT", "(-1, 32, 32, 3)")]:
+        block = out.split(f"signature_def['{signature}']:")[1].split("signature_def[")[0]
+        assert f"inputs['{key}'] tensor_info:\n        dtype: {dtype}\n        shape: {shape}" in block
+        for name, dt, sh in [("probabilities", "DT_FLOAT", "(-1, 10)"), ("classes", "DT_INT64", "(-1)"),
+                             ("class_names", "DT_STRING", "(-1)"), ("top_k_classes", "DT_INT64", "(-1, 5)"),
+                             ("top_k_probabilities", "DT_FLOAT", "(-1, 5)")]:
+            assert f"outputs['{name}'] tensor_info:\n        dtype: {dt}\n        shape: {sh}" in block
+
+
+def test_saved_model_cli_run_on_a_png(exported, tmp_path):
+    npy = tmp_path / "inputs.npy"
+    np.save(npy, np.array([sample_images()[0]], dtype="S"))  # fixed-width bytes: no pickle
+    out = subprocess.run([os.path.join(VENV_BIN, "saved_model_cli"), "run", "--dir", exported[2],
+                          "--tag_set", "serve", "--signature_def", "serving_default",
+                          "--inputs", f"image_bytes={npy}", "--outdir", str(tmp_path / "out")],
+                         capture_output=True, text=True, check=True)
+    del out
+    probs = np.load(tmp_path / "out" / "probabilities.npy")
+    expected, _ = expected_outputs(exported[0], sample_images()[:1])
+    np.testing.assert_allclose(probs, expected, atol=1e-5)
+
+
+FRESH_PROCESS = textwrap.dedent("""
+    import os, sys, numpy as np, tensorflow as tf
+    path, images_dir, out = sys.argv[1:4]
+    names = sorted(n for n in os.listdir(images_dir) if n.endswith(".img"))
+    images = [open(os.path.join(images_dir, n), "rb").read() for n in names]
+    loaded = tf.saved_model.load(path)
+    sig = loaded.signatures
+    examples = [tf.train.Example(features=tf.train.Features(feature={"image": tf.train.Feature(
+        bytes_list=tf.train.BytesList(value=[b]))})).SerializeToString() for b in images]
+    a = sig["serving_default"](image_bytes=tf.constant(images))
+    b = sig["serving_examples"](examples=tf.constant(examples))
+    c = sig["predict_images"](images=tf.constant(np.load(os.path.join(images_dir, "pre.npy"))))
+    assert not any(m == "keras_vit" or m.startswith("keras_vit.") for m in sys.modules), "imported keras_vit"
+    as_array = lambda t: t.numpy().astype("S") if t.dtype == tf.string else t.numpy()
+    np.savez(out, **{f"{k}_{n}": as_array(v) for k, r in (("bytes", a), ("examples", b), ("pre", c))
+                     for n, v in r.items()})
+""")
+
+
+def test_fresh_process_without_keras_vit_gives_the_models_probabilities(exported, tmp_path):
+    model, _, path = exported
+    images = sample_images()
+    expected, pre = expected_outputs(model, images)
+    for i, image in enumerate(images):
+        (tmp_path / f"{i:02d}.img").write_bytes(image)
+    np.save(tmp_path / "pre.npy", pre)
+    script = tmp_path / "serve.py"
+    script.write_text(FRESH_PROCESS)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    run = subprocess.run([sys.executable, str(script), path, str(tmp_path), str(tmp_path / "out.npz")],
+                         env=env, cwd=str(tmp_path), capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr[-3000:]
+    with np.load(tmp_path / "out.npz") as out:
+        for kind in ("bytes", "examples", "pre"):
+            np.testing.assert_allclose(out[f"{kind}_probabilities"], expected, atol=1e-5)
+            np.testing.assert_array_equal(out[f"{kind}_classes"], expected.argmax(-1))
+            assert [n.decode() for n in out[f"{kind}_class_names"]] == [CLASSES[i] for i in expected.argmax(-1)]
+            np.testing.assert_array_equal(out[f"{kind}_top_k_classes"][:, 0], expected.argmax(-1))
+            np.testing.assert_allclose(out[f"{kind}_top_k_probabilities"],
+                                       -np.sort(-expected, axis=-1)[:, :5], atol=1e-5)
+
+
+def test_in_graph_preprocessing_matches_the_input_pipeline():
+    scaled = lambda a: a.astype(np.float32) / np.float32(127.5) - np.float32(1)  # noqa: E731
+    rgb = np.random.RandomState(1).randint(0, 256, (32, 32, 3), dtype=np.uint8)
+    decoded = preprocessing.decode_for_eval(encode(rgb, "PNG"), 32).numpy()
+    np.testing.assert_array_equal(decoded, scaled(rgb))
+    gray = rgb[..., 0]
+    decoded = preprocessing.decode_for_eval(encode(gray, "PNG"), 32).numpy()
+    for ch in range(3):
+        np.testing.assert_array_equal(decoded[..., ch], scaled(gray))
+    rgba = np.concatenate([rgb, np.full((32, 32, 1), 7, np.uint8)], -1)
+    np.testing.assert_array_equal(preprocessing.decode_for_eval(encode(rgba, "PNG"), 32).numpy(), scaled(rgb))
+    big = preprocessing.decode_for_eval(encode(rgb, "PNG"), (64, 48)).numpy()
+    np.testing.assert_allclose(big, scaled(tf.image.resize(rgb.astype(np.float32), (64, 48)).numpy()), atol=1e-6)
+
+
+def test_predict_requests_map_onto_each_signature(exported):
+    from tensorflow_serving.apis import predict_pb2
+
+    model, _, path = exported
+    loaded = tf.saved_model.load(path)
+    images = sample_images()[:2]
+    expected, pre = expected_outputs(model, images)
+    inputs = {"serving_default": ("image_bytes", images, tf.string),
+              "serving_examples": ("examples", [example(b) for b in images], tf.string),
+              "predict_images": ("images", pre, tf.float32)}
+    for signature, (key, value, dtype) in inputs.items():
+        request = predict_pb2.PredictRequest()
+        request.model_spec.name = "tiny"
+        request.model_spec.signature_name = signature
+        request.inputs[key].CopyFrom(tf.make_tensor_proto(value, dtype=dtype))
+        request = predict_pb2.PredictRequest.FromString(request.SerializeToString())  # over the wire
+        fn = loaded.signatures[request.model_spec.signature_name]
+        spec = fn.structured_input_signature[1]
+        assert set(request.inputs) == set(spec)
+        feed = {k: tf.constant(tf.make_ndarray(v)) for k, v in request.inputs.items()}
+        for k, t in feed.items():
+            assert t.dtype == spec[k].dtype and spec[k].shape.is_compatible_with(t.shape)
+        np.testing.assert_allclose(fn(**feed)["probabilities"].numpy(), expected, atol=1e-5)
+
+
+def test_warmup_requests_parse_and_run(exported):
+    from tensorflow_serving.apis import prediction_log_pb2
+
+    path = exported[2]
+    loaded = tf.saved_model.load(path)
+    records = list(tf.data.TFRecordDataset(os.path.join(path, "assets.extra", "tf_serving_warmup_requests")))
+    assert len(records) == 2
+    for record in records:
+        log = prediction_log_pb2.PredictionLog.FromString(record.numpy())
+        request = log.predict_log.request
+        assert request.model_spec.name == "tiny"
+        fn = loaded.signatures[request.model_spec.signature_name]
+        out = fn(**{k: tf.constant(tf.make_ndarray(v)) for k, v in request.inputs.items()})
+        assert out["probabilities"].shape == (1, 10)
+
+
+def test_bad_input_is_named_and_wrong_types_are_rejected(exported):
+    sig = tf.saved_model.load(exported[2]).signatures
+    good = sample_images()[0]
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"image_bytes\[1\] \(23 bytes\) is not a JPEG, PNG, GIF or BMP image"):
+        sig["serving_default"](image_bytes=tf.constant([good, b"definitely not an image"]))
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"examples.image\[0\] \(9 bytes\) is not a JPEG"):
+        sig["serving_examples"](examples=tf.constant([example(b"GIF7 nope")]))
+    with pytest.raises((TypeError, ValueError, tf.errors.InvalidArgumentError)):
+        sig["serving_default"](image_bytes=tf.constant([1.0, 2.0]))
+    with pytest.raises((TypeError, ValueError, tf.errors.InvalidArgumentError)):
+        sig["predict_images"](images=tf.zeros([1, 16, 16, 3]))
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.skipif(shutil.which("tensorflow_model_server") is None,
+                    reason="tensorflow_model_server is not on PATH (no TF Serving binary on this machine)")
+def test_live_tf_serving_rest_and_grpc(exported):
+    import grpc
+    from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
+
+    model, root, _ = exported
+    grpc_port, rest_port = _free_port(), _free_port()
+    server = subprocess.Popen(["tensorflow_model_server", f"--port={grpc_port}", f"--rest_api_port={rest_port}",
+                               "--rest_api_num_threads=2", f"--model_config_file={root / 'models.config'}"],
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        url = f"http://127.0.0.1:{rest_port}/v1/models/tiny"
+        for _ in range(120):
+            try:
+                status = json.loads(urllib.request.urlopen(url, timeout=2).read())
+                if status["model_version_status"][0]["state"] == "AVAILABLE":
+                    break
+            except OSError:
+                pass
+            time.sleep(0.5)
+        else:
+            pytest.fail("TF Serving did not make the model available in 60 s")
+        images = sample_images()[:2]
+        expected, _ = expected_outputs(model, images)
+        body = json.dumps({"instances": [{"b64": base64.b64encode(b).decode()} for b in images]}).encode()
+        reply = json.loads(urllib.request.urlopen(urllib.request.Request(f"{url}:predict", data=body),
+                                                  timeout=30).read())
+        np.testing.assert_allclose([p["probabilities"] for p in reply["predictions"]], expected, atol=1e-5)
+        stub = prediction_service_pb2_grpc.PredictionServiceStub(grpc.insecure_channel(f"127.0.0.1:{grpc_port}"))
+        request = predict_pb2.PredictRequest()
+        request.model_spec.name = "tiny"
+        request.model_spec.signature_name = "serving_default"
+        request.inputs["image_bytes"].CopyFrom(tf.make_tensor_proto(images, dtype=tf.string))
+        response = stub.Predict(request, timeout=30)
+        np.testing.assert_allclose(tf.make_ndarray(response.outputs["probabilities"]), expected, atol=1e-5)
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+
+
+def test_command_line_export_says_where_it_wrote(exported, tmp_path):
+    model = exported[0]
+    model.save(str(tmp_path / "tiny.keras"))
+    run = subprocess.run([sys.executable, "-m", "keras_vit.export", f"--model={tmp_path / 'tiny.keras'}",
+                          f"--output_dir={tmp_path / 'serving' / 'tiny'}", "--class_names=" + ",".join(CLASSES)],
+                         capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert f"Wrote SavedModel to {tmp_path / 'serving' / 'tiny' / '1'}" in run.stdout
+    assert (tmp_path / "serving" / "models.config").exists()
+    sig = tf.saved_model.load(str(tmp_path / "serving" / "tiny" / "1")).signatures["serving_default"]
+    out = sig(image_bytes=tf.constant(sample_images()[:1]))
+    assert out["class_names"].numpy()[0].decode() in CLASSES
