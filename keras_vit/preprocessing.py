@@ -73,3 +73,24 @@ def decode_batch_for_eval(image_bytes: tf.Tensor, image_size, channels: int = 3,
     n = tf.shape(image_bytes)[0]
     return tf.map_fn(one, (image_bytes, tf.range(n)),
                      fn_output_signature=tf.TensorSpec([*size, channels], tf.float32))
+
+
+def train_image(image: tf.Tensor, image_size, seed: tf.Tensor, area_range=(0.05, 1.0)) -> tf.Tensor:
+    """Training augmentation of one decoded image, as the official input pipeline.
+
+    An Inception crop (a random box of `area_range` of the image, aspect ratio 3/4
+    to 4/3), a bilinear resize to `image_size`, a random left-right flip, then
+    [-1, 1]. Stateless: the same `seed` (int32 [2]) gives the same result.
+    `[H, W, C]` uint8 -> `[h, w, C]` float32.
+    """
+    size = (image_size, image_size) if isinstance(image_size, int) else tuple(image_size)
+    seed = tf.cast(seed, tf.int32)
+    begin, crop_size, _ = tf.image.stateless_sample_distorted_bounding_box(
+        tf.shape(image), bounding_boxes=tf.zeros([1, 0, 4]), seed=seed, min_object_covered=0.0,
+        aspect_ratio_range=(3 / 4, 4 / 3), area_range=area_range, max_attempts=10,
+        use_image_if_no_bounding_boxes=True)
+    image = tf.slice(image, begin, crop_size)
+    image = tf.image.resize(tf.cast(image, tf.float32), size, method="bilinear")
+    flip = tf.random.stateless_uniform([], seed=seed + tf.constant([0, 1])) < 0.5
+    image = tf.cond(flip, lambda: tf.reverse(image, axis=[1]), lambda: image)
+    return to_model_range(image)

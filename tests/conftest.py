@@ -28,3 +28,36 @@ def data_path(*parts):
 def load_io(name):
     with np.load(data_path(name)) as d:
         return {k: d[k] for k in d.files}
+
+
+def write_idx(path, array):
+    """Writes a uint8 array as a gzipped IDX file (the Fashion-MNIST format)."""
+    import gzip
+
+    array = np.asarray(array, dtype=np.uint8)
+    header = bytes([0, 0, 0x08, array.ndim]) + b"".join(int(d).to_bytes(4, "big") for d in array.shape)
+    with gzip.open(path, "wb") as f:
+        f.write(header + array.tobytes())
+
+
+def make_fake_fashion_mnist(directory, train=96, test=48, seed=0):
+    """Small learnable IDX files: each class is a bright band at its own rows."""
+    import os
+
+    os.makedirs(directory, exist_ok=True)
+    rng = np.random.RandomState(seed)
+    for split, n, prefix in (("train", train, "train"), ("test", test, "t10k")):
+        labels = np.arange(n) % 10
+        images = rng.randint(0, 60, (n, 28, 28))
+        for i, c in enumerate(labels):
+            images[i, 2 * c:2 * c + 6] += 180
+        write_idx(os.path.join(directory, f"{prefix}-images-idx3-ubyte.gz"), images)
+        write_idx(os.path.join(directory, f"{prefix}-labels-idx1-ubyte.gz"), labels)
+    return str(directory)
+
+
+@pytest.fixture
+def fake_fmnist(tmp_path, monkeypatch):
+    """Points fashion_mnist_local at small fake IDX files; returns a fresh TFDS data_dir."""
+    monkeypatch.setenv("KERAS_VIT_FASHION_MNIST_DIR", make_fake_fashion_mnist(tmp_path / "idx"))
+    return str(tmp_path / "tfds")

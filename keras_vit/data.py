@@ -1,0 +1,176 @@
+"""tf.data input for training and evaluation: TFDS datasets and image folders.
+
+    source = open_source("fashion_mnist_local")          # offline, from the Debian IDX files
+    train = make_dataset(source, "train", image_size=32, batch_size=256, training=True)
+
+Any TFDS image-classification name works (`cifar10`, `oxford_iiit_pet`, ...); it is
+prepared from its own sources with `try_download_gcs=False`. `image_dir` reads a
+`split/label/*.jpg` tree through `tfds.folder_dataset.ImageFolder`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import List, Optional
+
+import tensorflow as tf
+import tensorflow_datasets as tfds
+
+from keras_vit import fashion_mnist  # noqa: F401  (registers fashion_mnist_local)
+from keras_vit import preprocessing
+
+AUTOTUNE = tf.data.AUTOTUNE
+
+
+@dataclasses.dataclass
+class Source:
+    """A prepared dataset: its builder and what the pipeline needs to know of it."""
+
+    name: str
+    builder: tfds.core.DatasetBuilder
+    image_key: str
+    label_key: str
+    id_key: str
+
+    @property
+    def class_names(self) -> List[str]:
+        return list(self.builder.info.features[self.label_key].names)
+
+    @property
+    def num_classes(self) -> int:
+        return self.builder.info.features[self.label_key].num_classes
+
+    @property
+    def splits(self) -> dict:
+        return {name: split.num_examples for name, split in self.builder.info.splits.items()}
+
+    def num_examples(self, split: str) -> int:
+        return self.builder.info.splits[split].num_examples
+
+    def raw(self, split: str, shuffle_files: bool = False, seed: Optional[int] = None) -> tf.data.Dataset:
+        """Undecoded examples: dicts with the encoded image bytes, the label and a record id."""
+        decoders = {self.image_key: tfds.decode.SkipDecoding()}
+        kwargs = dict(split=split, shuffle_files=shuffle_files)
+        if self.id_key == "tfds_id":
+            # Read only the image (undecoded) and the label: boxes, masks and the rest
+            # are never parsed. (ImageFolder takes plain decoders only.)
+            decoders = tfds.decode.PartialDecoding({self.image_key: True, self.label_key: True},
+                                                   decoders=decoders)
+            kwargs["read_config"] = tfds.ReadConfig(add_tfds_id=True, shuffle_seed=seed)
+        kwargs["decoders"] = decoders
+        return self.builder.as_dataset(**kwargs)
+
+
+def open_source(dataset: Optional[str] = "fashion_mnist_local", data_dir: Optional[str] = None,
+                image_dir: Optional[str] = None, image_key: Optional[str] = None,
+                label_key: Optional[str] = None) -> Source:
+    """Prepares a TFDS dataset (or reads an image folder) and returns it as a Source.
+
+    Args:
+      dataset: a TFDS name, with an optional config (`fashion_mnist_local/mini`).
+      data_dir: where TFDS keeps prepared data (default `~/tensorflow_datasets`).
+      image_dir: a `split/label/image` tree; used instead of `dataset` when given.
+      image_key, label_key: feature names; default the dataset's supervised keys.
+    """
+    if image_dir is not None:
+        if not os.path.isdir(image_dir):
+            raise FileNotFoundError(f"image_dir {image_dir} is not a directory")
+        builder = tfds.folder_dataset.ImageFolder(image_dir)
+        return Source(f"image_folder:{image_dir}", builder, "image", "label", "image/filename")
+    try:
+        builder = tfds.builder(dataset, data_dir=data_dir)
+    except tfds.core.registered.DatasetNotFoundError as e:
+        raise ValueError(f"unknown TFDS dataset {dataset!r}: {e}") from e
+    builder.download_and_prepare(download_config=tfds.download.DownloadConfig(try_download_gcs=False))
+    keys = builder.info.supervised_keys or ("image", "label")
+    image_key = image_key or keys[0]
+    label_key = label_key or keys[1]
+    features = builder.info.features
+    for key, kind in ((image_key, tfds.features.Image), (label_key, tfds.features.ClassLabel)):
+        if key not in features or not isinstance(features[key], kind):
+            raise ValueError(f"{dataset}: feature {key!r} is not a {kind.__name__}; "
+                             "pass image_key/label_key for this dataset")
+    return Source(dataset, builder, image_key, label_key, "tfds_id")
+
+
+class DataStats:
+    """Counts records dropped by `skip_bad_records=True`."""
+
+    def __init__(self):
+        self.skipped = tf.Variable(0, dtype=tf.int64, trainable=False)
+
+    @property
+    def skipped_count(self) -> int:
+        return int(self.skipped.numpy())
+
+
+def make_dataset(
+    source: Source,
+    split: str,
+    *,
+    image_size,
+    batch_size: int,
+    training: bool,
+    channels: int = 3,
+    shuffle_buffer: int = 10_000,
+    cache: bool = False,
+    seed: int = 0,
+    deterministic: bool = False,
+    skip_bad_records: bool = False,
+    stats: Optional[DataStats] = None,
+    crop_area=(0.05, 1.0),
+) -> tf.data.Dataset:
+    """Batches of `(images float32 [B, h, w, channels] in [-1, 1], labels int32 [B])`.
+
+    Training: shuffled and repeated forever, Inception crop and flip, full batches.
+    Evaluation: one pass in order, resize only, the last batch may be short.
+
+    A record that is not an image, or whose label is out of range, raises
+    InvalidArgumentError naming the record; with `skip_bad_records` it is dropped and
+    counted in `stats.skipped` (a decode failure past the format check is dropped
+    and logged by `ignore_errors`).
+    """
+    size = (image_size, image_size) if isinstance(image_size, int) else tuple(image_size)
+    num_classes = source.num_classes
+    ds = source.raw(split, shuffle_files=training, seed=seed)
+    if cache:
+        ds = ds.cache()
+    if skip_bad_records:
+        stats = stats or DataStats()
+
+        def valid(ex):
+            label = tf.cast(ex[source.label_key], tf.int64)
+            ok = preprocessing.is_supported_image(ex[source.image_key]) & (label >= 0) & (label < num_classes)
+            with tf.control_dependencies([tf.cond(ok, lambda: stats.skipped + 0,
+                                                  lambda: stats.skipped.assign_add(1))]):
+                return tf.identity(ok)
+
+        ds = ds.filter(valid)
+    if training:
+        ds = ds.shuffle(shuffle_buffer, seed=seed, reshuffle_each_iteration=True).repeat()
+
+    def prepare(index, ex):
+        record = tf.strings.join([f"{source.name} {split} record ", tf.strings.as_string(ex[source.id_key])])
+        label = tf.cast(ex[source.label_key], tf.int64)
+        check = tf.debugging.Assert(
+            (label >= 0) & (label < num_classes),
+            [tf.strings.join([record, ": label ", tf.strings.as_string(label),
+                              f" is outside [0, {num_classes})"])])
+        with tf.control_dependencies([check]):
+            image = preprocessing.decode_image(ex[source.image_key], channels, label=record)
+        if training:
+            image = preprocessing.train_image(image, size, tf.stack([tf.cast(seed, tf.int64), index]),
+                                              area_range=crop_area)
+        else:
+            image = preprocessing.eval_image(image, size)
+        return tf.ensure_shape(image, [*size, channels]), tf.cast(label, tf.int32)
+
+    ds = ds.enumerate().map(prepare, num_parallel_calls=AUTOTUNE, deterministic=deterministic or None)
+    if skip_bad_records:
+        ds = ds.ignore_errors(log_warning=True)
+    ds = ds.batch(batch_size, drop_remainder=training, num_parallel_calls=AUTOTUNE,
+                  deterministic=deterministic or None)
+    options = tf.data.Options()
+    options.deterministic = deterministic
+    return ds.with_options(options).prefetch(AUTOTUNE)

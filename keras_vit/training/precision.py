@@ -1,0 +1,60 @@
+"""Choosing the Keras dtype policy: `auto` picks bf16 only where the hardware runs it fast."""
+
+from __future__ import annotations
+
+import keras
+import tensorflow as tf
+from absl import logging
+
+PRECISIONS = ("auto", "float32", "mixed_bfloat16", "mixed_float16")
+
+
+def cpu_flags(path: str = "/proc/cpuinfo") -> set:
+    try:
+        with open(path) as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+def has_fast_bf16_cpu(flags=None) -> bool:
+    """AMX-BF16 or AVX512-BF16: oneDNN runs bf16 matmuls natively (2-4x float32 on AMX)."""
+    flags = cpu_flags() if flags is None else flags
+    return bool({"amx_bf16", "avx512_bf16"} & set(flags))
+
+
+def gpu_compute_capabilities() -> list:
+    """The major compute capability of each visible GPU."""
+    return [tf.config.experimental.get_device_details(g).get("compute_capability", (0, 0))[0]
+            for g in tf.config.list_physical_devices("GPU")]
+
+
+def resolve_precision(precision: str = "auto", flags=None, gpus=None) -> str:
+    """The policy name for `precision`.
+
+    `auto`: mixed_bfloat16 on GPUs of compute capability 8+ (mixed_float16 on older
+    ones) and on CPUs with AMX-BF16 or AVX512-BF16; float32 otherwise. `flags` (CPU
+    flags) and `gpus` (major compute capabilities) default to this machine's.
+    """
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+    if precision != "auto":
+        return precision
+    gpus = gpu_compute_capabilities() if gpus is None else gpus
+    if gpus:
+        return "mixed_bfloat16" if min(gpus) >= 8 else "mixed_float16"
+    return "mixed_bfloat16" if has_fast_bf16_cpu(flags) else "float32"
+
+
+def set_precision(precision: str = "auto") -> str:
+    """Sets the global Keras policy and says which it picked; returns the policy name."""
+    policy = resolve_precision(precision)
+    keras.mixed_precision.set_global_policy(policy)
+    why = "" if precision != "auto" else (
+        " (auto: bf16-capable hardware found)" if policy != "float32" else " (auto: no AMX/AVX512-BF16 or GPU)")
+    logging.info("precision: %s%s", policy, why)
+    print(f"precision: {policy}{why}", flush=True)
+    return policy

@@ -1,0 +1,147 @@
+"""keras_vit.data: the offline Fashion-MNIST builder, named TFDS datasets, image folders."""
+
+import os
+
+import numpy as np
+import pytest
+import tensorflow as tf
+import tensorflow_datasets as tfds
+from conftest import write_idx
+from PIL import Image
+
+from keras_vit import data, fashion_mnist, preprocessing
+
+
+def test_idx_reader_round_trips_and_rejects_bad_files(tmp_path):
+    array = np.arange(24, dtype=np.uint8).reshape(2, 3, 4)
+    write_idx(str(tmp_path / "a.gz"), array)
+    np.testing.assert_array_equal(fashion_mnist.read_idx(str(tmp_path / "a.gz")), array)
+    (tmp_path / "bad").write_bytes(b"\x00\x00\x0d\x01" + b"\x00" * 8)
+    with pytest.raises(ValueError, match="not an unsigned-byte IDX"):
+        fashion_mnist.read_idx(str(tmp_path / "bad"))
+
+
+@pytest.mark.skipif(not os.path.exists(fashion_mnist.DEFAULT_DIR), reason="dataset-fashion-mnist not installed")
+def test_the_real_debian_fashion_mnist():
+    images, labels = fashion_mnist.load_arrays("test", fashion_mnist.DEFAULT_DIR)
+    assert images.shape == (10000, 28, 28) and images.dtype == np.uint8
+    assert np.bincount(labels).tolist() == [1000] * 10
+    train_images, _ = fashion_mnist.load_arrays("train", fashion_mnist.DEFAULT_DIR)
+    assert train_images.shape == (60000, 28, 28)
+
+
+def test_missing_files_say_how_to_get_them(tmp_path, monkeypatch):
+    monkeypatch.setenv("KERAS_VIT_FASHION_MNIST_DIR", str(tmp_path))
+    with pytest.raises(FileNotFoundError, match="dataset-fashion-mnist"):
+        fashion_mnist.load_arrays("train")
+
+
+def test_local_builder_prepares_offline_and_batches(fake_fmnist):
+    source = data.open_source("fashion_mnist_local", data_dir=fake_fmnist)
+    assert source.splits == {"train": 96, "test": 48}
+    assert source.num_classes == 10 and source.class_names[0] == "t-shirt/top"
+    ds = data.make_dataset(source, "train", image_size=32, batch_size=16, training=True, deterministic=True)
+    images, labels = next(iter(ds))
+    assert images.shape == (16, 32, 32, 3) and images.dtype == tf.float32 and labels.dtype == tf.int32
+    assert -1.0 <= float(tf.reduce_min(images)) and float(tf.reduce_max(images)) <= 1.0
+    # Grayscale becomes three equal channels.
+    np.testing.assert_array_equal(images[..., 0], images[..., 2])
+    again, _ = next(iter(data.make_dataset(source, "train", image_size=32, batch_size=16, training=True,
+                                           deterministic=True)))
+    np.testing.assert_array_equal(images, again)
+    other, _ = next(iter(data.make_dataset(source, "train", image_size=32, batch_size=16, training=True,
+                                           deterministic=True, seed=1)))
+    assert not np.array_equal(images, other)
+
+
+def test_eval_is_one_ordered_pass_with_the_serving_preprocessing(fake_fmnist):
+    source = data.open_source("fashion_mnist_local", data_dir=fake_fmnist)
+    batches = list(data.make_dataset(source, "test", image_size=28, batch_size=20, training=False))
+    assert [int(b[1].shape[0]) for b in batches] == [20, 20, 8]
+    raw = next(iter(source.raw("test")))
+    expected = preprocessing.decode_for_eval(raw["image"], 28)
+    np.testing.assert_array_equal(batches[0][0][0], expected)
+    assert int(batches[0][1][0]) == int(raw["label"])
+    one = next(iter(data.make_dataset(source, "test", image_size=28, batch_size=4, training=False, channels=1)))
+    assert one[0].shape == (4, 28, 28, 1)
+
+
+def test_train_augmentation_is_an_inception_crop_and_flip():
+    image = tf.constant(np.tile(np.arange(64, dtype=np.uint8)[None, :, None], (64, 1, 3)))
+    a = preprocessing.train_image(image, 32, tf.constant([1, 2]))
+    np.testing.assert_array_equal(a, preprocessing.train_image(image, 32, tf.constant([1, 2])))
+    outs = [preprocessing.train_image(image, 32, tf.constant([1, s])).numpy() for s in range(20)]
+    assert len({o.tobytes() for o in outs}) == 20
+    # Columns rise left to right unless flipped; both happen.
+    slopes = {np.sign(o[0, -1, 0] - o[0, 0, 0]) for o in outs}
+    assert slopes == {-1.0, 1.0}
+    full = preprocessing.train_image(image, 64, tf.constant([0, 0]), area_range=(1.0, 1.0)).numpy()
+    np.testing.assert_allclose(np.sort(np.unique(np.abs(full[0, :, 0]))),
+                               np.sort(np.unique(np.abs(np.arange(64) / 127.5 - 1))), atol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["cifar10", "cifar100", "oxford_iiit_pet", "oxford_flowers102"])
+def test_named_downstream_datasets_run_offline_with_mock_data(name):
+    with tfds.testing.mock_data(num_examples=12):
+        source = data.open_source(name)
+        images, labels = next(iter(data.make_dataset(source, "train", image_size=32, batch_size=4,
+                                                     training=True)))
+        assert images.shape == (4, 32, 32, 3)
+        assert int(tf.reduce_max(labels)) < source.num_classes
+        evals = list(data.make_dataset(source, "test", image_size=48, batch_size=5, training=False))
+        assert sum(int(b[1].shape[0]) for b in evals) == 12
+
+
+def test_unknown_dataset_is_a_clear_error():
+    with pytest.raises(ValueError, match="unknown TFDS dataset 'no_such_dataset_xyz'"):
+        data.open_source("no_such_dataset_xyz")
+
+
+def make_image_folder(root, corrupt=False):
+    rng = np.random.RandomState(0)
+    for split, n in (("train", 6), ("test", 3)):
+        for label in ("cat", "dog"):
+            d = root / split / label
+            d.mkdir(parents=True)
+            for i in range(n):
+                Image.fromarray(rng.randint(0, 255, (20 + i, 24, 3), dtype=np.uint8)).save(d / f"{i}.jpg")
+    if corrupt:
+        (root / "train" / "dog" / "broken.jpg").write_bytes(b"this is not a jpeg")
+    return str(root)
+
+
+def test_image_folder(tmp_path):
+    source = data.open_source(image_dir=make_image_folder(tmp_path))
+    assert source.class_names == ["cat", "dog"] and source.splits == {"train": 12, "test": 6}
+    images, labels = next(iter(data.make_dataset(source, "train", image_size=16, batch_size=12, training=True)))
+    assert images.shape == (12, 16, 16, 3) and set(labels.numpy()) == {0, 1}
+
+
+def test_bad_image_is_named_or_skipped_and_counted(tmp_path):
+    source = data.open_source(image_dir=make_image_folder(tmp_path, corrupt=True))
+    ds = data.make_dataset(source, "train", image_size=16, batch_size=13, training=False)
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"train record .*broken.jpg \(18 bytes\) is not a JPEG"):
+        list(ds)
+    stats = data.DataStats()
+    ds = data.make_dataset(source, "train", image_size=16, batch_size=13, training=False,
+                           skip_bad_records=True, stats=stats)
+    assert sum(int(b[1].shape[0]) for b in ds) == 12
+    assert stats.skipped_count == 1
+
+
+class _BadLabelSource(data.Source):
+    def raw(self, split, shuffle_files=False, seed=None):
+        png = tf.io.encode_png(tf.zeros([4, 4, 3], tf.uint8))
+        return tf.data.Dataset.from_tensor_slices(
+            {"image": [png, png], "label": tf.constant([1, 7], tf.int64), "tfds_id": ["a", "b"]})
+
+
+def test_out_of_range_label_is_named_or_skipped(tmp_path):
+    folder = tfds.folder_dataset.ImageFolder(make_image_folder(tmp_path))  # two classes
+    source = _BadLabelSource("fake", folder, "image", "label", "tfds_id")
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"fake train record b: label 7 is outside \[0, 2\)"):
+        list(data.make_dataset(source, "train", image_size=4, batch_size=2, training=False))
+    stats = data.DataStats()
+    ds = data.make_dataset(source, "train", image_size=4, batch_size=2, training=False, skip_bad_records=True,
+                           stats=stats)
+    assert sum(int(b[1].shape[0]) for b in ds) == 1 and stats.skipped_count == 1

@@ -1,0 +1,232 @@
+"""Recipes, gradient accumulation, precision, strategies, resumable runs and the CLI."""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import keras_vit
+from keras_vit import ViTConfig
+from keras_vit.training import (TrainConfig, WarmupDecay, compile_model, get_recipe, make_strategy,
+                                resolve_precision, train)
+from keras_vit.training.recipes import SparseSigmoidCrossEntropy, make_optimizer
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TINY = ViTConfig(name="tiny", patch_size=4, hidden_size=16, mlp_dim=32, num_heads=2, num_layers=2,
+                 image_size=(8, 8), num_classes=3)
+TINY_OVERRIDES = {"patch_size": 7, "hidden_size": 16, "mlp_dim": 32, "num_heads": 2, "num_layers": 1}
+
+
+def test_warmup_then_linear_or_cosine_decay():
+    lin = WarmupDecay(1.0, total_steps=110, warmup_steps=10, decay="linear")
+    assert [float(lin(s)) for s in (0, 5, 10, 60, 110, 200)] == pytest.approx([0, 0.5, 1.0, 0.5, 0.0, 0.0])
+    cos = WarmupDecay(1.0, total_steps=110, warmup_steps=10, decay="cosine", end_learning_rate=0.1)
+    assert float(cos(60)) == pytest.approx(0.55) and float(cos(110)) == pytest.approx(0.1)
+    again = WarmupDecay.from_config(cos.get_config())
+    assert float(again(37)) == pytest.approx(float(cos(37)))
+    with pytest.raises(ValueError, match="decay must be"):
+        WarmupDecay(1.0, 10, decay="step")
+
+
+def test_recipes_are_the_papers():
+    pre, fine = get_recipe("pretrain"), get_recipe("finetune")
+    assert (pre.optimizer, pre.beta_1, pre.beta_2, pre.weight_decay, pre.batch_size, pre.warmup_steps,
+            pre.decay, pre.grad_clip_norm, pre.dropout_rate) == ("adam", 0.9, 0.999, 0.1, 4096, 10_000,
+                                                                 "linear", 1.0, 0.1)
+    assert (fine.optimizer, fine.momentum, fine.weight_decay, fine.batch_size, fine.warmup_steps,
+            fine.decay, fine.grad_clip_norm) == ("sgd", 0.9, 0.0, 512, 500, "cosine", 1.0)
+    assert get_recipe("pretrain", weight_decay=0.03).weight_decay == 0.03
+    with pytest.raises(ValueError, match="recipe must be one of"):
+        get_recipe("distill")
+
+
+def test_weight_decay_touches_kernels_only():
+    model = keras_vit.create_model(TINY)
+    opt = make_optimizer(get_recipe("pretrain", warmup_steps=0, learning_rate=0.1), 10, model)
+    before = {v.path: v.numpy().copy() for v in model.trainable_variables}
+    opt.apply_gradients([(tf.zeros_like(v), v) for v in model.trainable_variables])
+    for v in model.trainable_variables:
+        changed = not np.allclose(v.numpy(), before[v.path])
+        nonzero = np.any(before[v.path] != 0)
+        assert changed == (v.name.endswith("kernel") and nonzero), v.path
+
+
+def test_gradient_accumulation_equals_one_big_batch():
+    x = np.random.RandomState(0).uniform(-1, 1, (32, 8, 8, 3)).astype("float32")
+    y = np.arange(32) % 3
+    weights, initial = [], None
+    for accum, batch in ((None, 16), (4, 4)):
+        model = keras_vit.create_model(TINY)
+        initial = initial or model.get_weights()
+        model.set_weights(initial)
+        recipe = get_recipe("finetune", warmup_steps=1, learning_rate=0.1, grad_clip_norm=0.05)
+        compile_model(model, recipe, total_steps=2, gradient_accumulation_steps=accum)
+        model.fit(x, y, batch_size=batch, epochs=1, shuffle=False, verbose=0)
+        assert int(model.optimizer.iterations.numpy()) == 2
+        weights.append(model.get_weights())
+    for a, b in zip(*weights):
+        np.testing.assert_allclose(a, b, atol=2e-6)
+    assert not np.allclose(weights[0][-2], 0)  # the (zero-initialised) head did learn
+
+
+def test_sigmoid_loss_is_summed_binary_cross_entropy():
+    logits = np.random.RandomState(0).normal(size=(4, 3)).astype("float32")
+    labels = np.array([0, 2, 1, 2])
+    ours = float(SparseSigmoidCrossEntropy(3)(labels, logits))
+    ref = keras.losses.BinaryCrossentropy(from_logits=True, reduction="none")(np.eye(3)[labels][..., None],
+                                                                               logits[..., None])
+    assert ours == pytest.approx(float(np.mean(np.sum(ref, axis=-1))), rel=1e-5)
+
+
+@pytest.mark.parametrize("flags, gpus, expected", [
+    ({"avx2", "amx_bf16", "amx_tile"}, [], "mixed_bfloat16"),
+    ({"avx512f", "avx512_bf16"}, [], "mixed_bfloat16"),
+    ({"avx2", "fma"}, [], "float32"),
+    (set(), [9], "mixed_bfloat16"),
+    (set(), [7], "mixed_float16"),
+])
+def test_auto_precision_follows_the_hardware(flags, gpus, expected):
+    assert resolve_precision("auto", flags=flags, gpus=gpus) == expected
+    assert resolve_precision("float32", flags=flags, gpus=gpus) == "float32"
+
+
+def test_strategies_by_name():
+    assert make_strategy("one_device").num_replicas_in_sync == 1
+    assert make_strategy("auto").num_replicas_in_sync == 1
+    with pytest.raises(ValueError, match="strategy must be one of"):
+        make_strategy("horovod")
+
+
+def test_train_end_to_end_learns_and_writes_its_outputs(fake_fmnist, tmp_path):
+    cfg = TrainConfig(model="ViT-Ti/16", model_overrides=TINY_OVERRIDES, data_dir=fake_fmnist, image_size=28,
+                      steps=30, batch_size=32, learning_rate=3e-3, warmup_steps=3, dropout_rate=0.0,
+                      precision="float32", output_dir=str(tmp_path / "run"), deterministic=True, verbose=0,
+                      crop_area_min=0.9)
+    summary = train(cfg)
+    assert summary["steps"] == 30 and summary["eval_split"] == "test"
+    assert summary["eval_top1"] > 0.5  # 10 classes; the fake bands are easy
+    for key in ("model", "history", "metrics"):
+        assert os.path.exists(summary["paths"][key])
+    assert os.listdir(summary["paths"]["logs"])
+    loaded = keras.saving.load_model(summary["paths"]["model"])
+    assert loaded.config.num_classes == 10
+
+
+def _train_command(output_dir, steps, extra=()):
+    return [sys.executable, "-m", "keras_vit.train", "--model=ViT-Ti/16",
+            "--model_overrides=" + json.dumps(TINY_OVERRIDES), "--image_size=28", f"--steps={steps}",
+            "--batch_size=16", "--checkpoint_every=2", "--precision=float32", "--warmup_steps=2",
+            f"--output_dir={output_dir}", *extra]
+
+
+def test_a_killed_run_resumes_from_its_last_checkpoint(fake_fmnist, tmp_path):
+    env = {**os.environ, "PYTHONPATH": ROOT}
+    out = tmp_path / "run"
+    extra = [f"--data_dir={fake_fmnist}"]
+    proc = subprocess.Popen(_train_command(out, 60, extra), env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    meta = out / "backup" / "training_metadata.json"
+    deadline = time.time() + 240
+    while time.time() < deadline and proc.poll() is None:
+        if meta.exists() and json.loads(meta.read_text() or "{}").get("epoch", 0) >= 2:
+            break
+        time.sleep(0.05)
+    assert proc.poll() is None, "the run finished before it could be killed:\n" + proc.stdout.read()[-2000:]
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert not (out / "metrics.json").exists()
+    saved_chunk = json.loads(meta.read_text())["epoch"]
+    assert 2 <= saved_chunk < 30
+    rerun = subprocess.run(_train_command(out, 60, extra), env=env, capture_output=True, text=True, timeout=600)
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    assert f"Resuming from {out / 'backup'}: chunk {saved_chunk} of 30 (step {saved_chunk * 2} of 60)" in rerun.stdout
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["steps"] == 60
+    history = (out / "history.csv").read_text().splitlines()
+    epochs = [int(line.split(",")[0]) for line in history[1:] if line and line[0].isdigit()]
+    assert epochs[-1] == 29 and saved_chunk in epochs
+    for line in ("Model: ", "Logs (TensorBoard): ", "History: ", "Metrics: "):
+        assert line + str(out) in rerun.stdout
+
+
+WORKER = textwrap.dedent("""
+    import json, os, sys
+    import numpy as np
+    import tensorflow as tf
+    import keras_vit
+    from keras_vit import ViTConfig
+    from keras_vit.training import compile_model, get_recipe, make_strategy
+
+    strategy = make_strategy("multi_worker")
+    rank = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
+    with strategy.scope():
+        model = keras_vit.create_model(ViTConfig(name="tiny", patch_size=4, hidden_size=16, mlp_dim=32,
+                                                 num_heads=2, num_layers=2, image_size=(8, 8), num_classes=3))
+        compile_model(model, get_recipe("pretrain", warmup_steps=1, batch_size=8, learning_rate=1e-2), 4)
+    rng = np.random.RandomState(rank)  # each worker sees different data
+    x = rng.uniform(-1, 1, (64, 8, 8, 3)).astype("float32")
+    y = rng.randint(0, 3, 64)
+    ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(8).repeat()
+    options = tf.data.Options()
+    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
+    history = model.fit(ds.with_options(options), epochs=2, steps_per_epoch=2, verbose=0)
+    np.savez(sys.argv[1], *model.get_weights(), loss=np.array(history.history["loss"]))
+""")
+
+
+def _free_ports(n):
+    socks = [socket.socket() for _ in range(n)]
+    for s in socks:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return ports
+
+
+def _run_two_workers(tmp_path, worker_source):
+    script = tmp_path / "worker.py"
+    script.write_text(worker_source)
+    workers = [f"127.0.0.1:{p}" for p in _free_ports(2)]
+    procs = []
+    for rank in range(2):
+        tf_config = {"cluster": {"worker": workers}, "task": {"type": "worker", "index": rank}}
+        env = {**os.environ, "PYTHONPATH": ROOT, "TF_CONFIG": json.dumps(tf_config), "CUDA_VISIBLE_DEVICES": ""}
+        procs.append(subprocess.Popen([sys.executable, str(script), str(tmp_path / f"w{rank}.npz")], env=env,
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    outputs = [p.communicate(timeout=300)[0] for p in procs]
+    for p, out in zip(procs, outputs):
+        assert p.returncode == 0, out[-3000:]
+    return outputs
+
+
+def test_multi_worker_mirrored_two_workers_end_with_identical_weights(tmp_path):
+    _run_two_workers(tmp_path, WORKER)
+    a, b = (np.load(tmp_path / f"w{r}.npz") for r in range(2))
+    assert len(a.files) > 10
+    for key in a.files:
+        if key != "loss":
+            np.testing.assert_allclose(a[key], b[key], atol=1e-6, err_msg=key)
+    initial = keras_vit.create_model(TINY)
+    assert not np.allclose(a["arr_0"], 0) and a["arr_0"].shape == initial.get_weights()[0].shape
+    # Different data on each worker, one model: the reported (all-reduced) losses agree.
+    np.testing.assert_allclose(a["loss"], b["loss"], rtol=1e-5)
+
+
+@pytest.mark.xfail(strict=True, reason="Keras 3.12 model.fit fails under MultiWorkerMirroredStrategy "
+                   "(keras-team/keras#20585). If this passes, upstream is fixed: remove "
+                   "keras_vit.training.distribute.patch_keras_multi_worker.")
+def test_upstream_keras_still_needs_the_multi_worker_fix(tmp_path):
+    unpatched = WORKER.replace('strategy = make_strategy("multi_worker")',
+                               'import keras_vit.training.distribute as d\nd._patched = True  # skip the fix\n'
+                               'strategy = make_strategy("multi_worker")')
+    _run_two_workers(tmp_path, unpatched)
