@@ -51,12 +51,14 @@ def define_flags():
     flags.DEFINE_bool("jit_compile", False, "XLA-compile the train step.")
     flags.DEFINE_integer("grad_accum", 1, "Gradient accumulation: micro-batches per update.")
     flags.DEFINE_integer("checkpoint_every", None, "Steps between checkpoints (default: one pass).")
+    flags.DEFINE_integer("eval_every", 1, "Validate every N checkpoints; 0: only at the end.")
     flags.DEFINE_string("output_dir", "runs/vit", "Where the model, logs and metrics go.")
     flags.DEFINE_string("export_dir", None, "Also export a TF Serving SavedModel under this base dir.")
     flags.DEFINE_integer("seed", 0, "Random seed.")
     flags.DEFINE_bool("cache", False, "Cache the encoded dataset in memory.")
     flags.DEFINE_bool("deterministic", False, "Deterministic input order and augmentation.")
     flags.DEFINE_bool("skip_bad_records", False, "Drop and count bad records instead of failing.")
+    flags.DEFINE_float("crop_area_min", 0.05, "Smallest Inception-crop area (the paper's 0.05; larger for tiny images).")
 
 
 def main(argv):
@@ -78,7 +80,8 @@ def main(argv):
         weights=FLAGS.weights, strategy=FLAGS.strategy, tpu=FLAGS.tpu, precision=FLAGS.precision,
         jit_compile=FLAGS.jit_compile, gradient_accumulation_steps=FLAGS.grad_accum,
         checkpoint_every=FLAGS.checkpoint_every, output_dir=FLAGS.output_dir, seed=FLAGS.seed,
-        cache=FLAGS.cache, deterministic=FLAGS.deterministic, skip_bad_records=FLAGS.skip_bad_records)
+        cache=FLAGS.cache, deterministic=FLAGS.deterministic, skip_bad_records=FLAGS.skip_bad_records,
+        crop_area_min=FLAGS.crop_area_min, eval_every=FLAGS.eval_every)
     summary = train(cfg)
     model = summary.pop("model_obj")
     paths = summary["paths"]

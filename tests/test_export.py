@@ -289,3 +289,30 @@ def test_command_line_export_says_where_it_wrote(exported, tmp_path):
     sig = tf.saved_model.load(str(tmp_path / "serving" / "tiny" / "1")).signatures["serving_default"]
     out = sig(image_bytes=tf.constant(sample_images()[:1]))
     assert out["class_names"].numpy()[0].decode() in CLASSES
+
+
+def test_serving_matches_the_training_input_pipeline(exported, tmp_path):
+    """The served model on raw bytes equals the Keras model on keras_vit.data's eval batches."""
+    from keras_vit import data
+
+    model, _, path = exported
+    rng = np.random.RandomState(5)
+    files = []
+    for label in ("a", "b"):
+        folder = tmp_path / "test" / label
+        folder.mkdir(parents=True)
+        for i, (shape, fmt) in enumerate([((40, 24, 3), "PNG"), ((32, 32), "PNG"), ((50, 20, 3), "JPEG")]):
+            file = folder / f"{i}.{fmt.lower().replace('jpeg', 'jpg')}"
+            file.write_bytes(encode(rng.randint(0, 256, shape, dtype=np.uint8), fmt))
+            files.append(file)
+    source = data.open_source(image_dir=str(tmp_path))
+    names, images = [], []
+    for ex in source.raw("test"):
+        names.append(ex["image/filename"].numpy().decode())
+        images.append(ex["image"].numpy())
+    pipeline_batch = next(iter(data.make_dataset(source, "test", image_size=32, batch_size=len(files),
+                                                 training=False)))[0]
+    expected = tf.nn.softmax(model.predict(pipeline_batch, verbose=0)).numpy()
+    served = tf.saved_model.load(path).signatures["serving_default"](image_bytes=tf.constant(images))
+    np.testing.assert_allclose(served["probabilities"].numpy(), expected, atol=1e-5)
+    assert len(set(names)) == len(files)

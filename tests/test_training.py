@@ -37,6 +37,12 @@ def test_warmup_then_linear_or_cosine_decay():
         WarmupDecay(1.0, 10, decay="step")
 
 
+def test_epochs_are_whole_passes_of_full_batches(fake_fmnist, tmp_path):
+    cfg = TrainConfig(model="ViT-Ti/16", model_overrides=TINY_OVERRIDES, data_dir=fake_fmnist, image_size=28,
+                      epochs=2, batch_size=40, precision="float32", output_dir=str(tmp_path / "run"), verbose=0)
+    assert train(cfg)["steps"] == 2 * (96 // 40)
+
+
 def test_recipes_are_the_papers():
     pre, fine = get_recipe("pretrain"), get_recipe("finetune")
     assert (pre.optimizer, pre.beta_1, pre.beta_2, pre.weight_decay, pre.batch_size, pre.warmup_steps,
@@ -110,9 +116,13 @@ def test_train_end_to_end_learns_and_writes_its_outputs(fake_fmnist, tmp_path):
     cfg = TrainConfig(model="ViT-Ti/16", model_overrides=TINY_OVERRIDES, data_dir=fake_fmnist, image_size=28,
                       steps=30, batch_size=32, learning_rate=3e-3, warmup_steps=3, dropout_rate=0.0,
                       precision="float32", output_dir=str(tmp_path / "run"), deterministic=True, verbose=0,
-                      crop_area_min=0.9)
+                      crop_area_min=0.9, checkpoint_every=10, eval_every=0)
     summary = train(cfg)
     assert summary["steps"] == 30 and summary["eval_split"] == "test"
+    rows = [line.split(",") for line in open(summary["paths"]["history"]).read().splitlines()]
+    val = rows[0].index("val_top1")
+    assert [r[val] not in ("", "NA") for r in rows[1:]] == [False, False, True]  # validated once, at the end
+    assert float(rows[-1][val]) == pytest.approx(summary["eval_top1"])
     assert summary["eval_top1"] > 0.5  # 10 classes; the fake bands are easy
     for key in ("model", "history", "metrics"):
         assert os.path.exists(summary["paths"][key])
@@ -230,3 +240,20 @@ def test_upstream_keras_still_needs_the_multi_worker_fix(tmp_path):
                                'import keras_vit.training.distribute as d\nd._patched = True  # skip the fix\n'
                                'strategy = make_strategy("multi_worker")')
     _run_two_workers(tmp_path, unpatched)
+
+
+@pytest.mark.parametrize("policy, jit", [("mixed_float16", False), ("mixed_bfloat16", True)])
+def test_mixed_precision_and_xla_train(policy, jit):
+    keras.mixed_precision.set_global_policy(policy)
+    model = keras_vit.create_model(TINY)
+    compile_model(model, get_recipe("finetune", warmup_steps=0, learning_rate=0.05), 4, jit_compile=jit)
+    if policy == "mixed_float16":
+        assert isinstance(model.optimizer, keras.optimizers.LossScaleOptimizer)
+    assert model.blocks[0].compute_dtype == policy.split("_")[1]
+    assert model.blocks[0].attention.qkv_kernel.dtype == "float32"  # master weights stay float32
+    x = np.random.RandomState(0).uniform(-1, 1, (16, 8, 8, 3)).astype("float32")
+    y = np.arange(16) % 3
+    history = model.fit(x, y, batch_size=8, epochs=2, verbose=0)
+    assert np.isfinite(history.history["loss"]).all()
+    assert model(x).dtype == "float32"
+    assert not np.allclose(model.head.kernel.numpy(), 0)

@@ -55,6 +55,7 @@ class TrainConfig:
     deterministic: bool = False
     skip_bad_records: bool = False
     crop_area_min: float = 0.05
+    eval_every: int = 1  # validate every N chunks; 0: only after the last
     verbose: int = 1
 
     def recipe_obj(self) -> recipes.Recipe:
@@ -88,14 +89,18 @@ def train(cfg: TrainConfig) -> dict:
     if cfg.steps:
         total_updates = int(cfg.steps)
     elif cfg.epochs:
-        total_updates = max(int(math.ceil(cfg.epochs * train_examples / recipe.batch_size)), 1)
+        # An epoch is the whole batches of one pass (the last partial batch is dropped).
+        total_updates = max(int(round(cfg.epochs * (train_examples // recipe.batch_size))), 1)
     else:
         raise ValueError("set steps or epochs")
     micro_steps = total_updates * accum
     chunk = int(cfg.checkpoint_every or max(train_examples // micro_batch, 1))
-    chunk = min(chunk, micro_steps)
-    num_chunks = int(math.ceil(micro_steps / chunk))
-    micro_steps = num_chunks * chunk  # whole chunks; the schedule is set for these
+    num_chunks = int(math.ceil(micro_steps / min(chunk, micro_steps)))
+    if not cfg.checkpoint_every:
+        # Equal chunks that add up to the run (one step short of a pass at most).
+        chunk = int(math.ceil(micro_steps / num_chunks))
+    chunk = int(math.ceil(chunk / accum)) * accum  # whole updates per chunk
+    micro_steps = num_chunks * chunk  # the schedule is set for exactly these
     total_updates = micro_steps // accum
 
     os.makedirs(cfg.output_dir, exist_ok=True)
@@ -142,11 +147,17 @@ def train(cfg: TrainConfig) -> dict:
           + (f" ({accum} x {micro_batch})" if accum > 1 else "")
           + f", {num_chunks} chunks of {chunk}, {strategy.num_replicas_in_sync} replica(s)", flush=True)
     start = time.time()
-    model.fit(train_ds, epochs=num_chunks, steps_per_epoch=chunk, validation_data=eval_ds,
-              callbacks=callbacks, verbose=cfg.verbose)
+    # Validate every `eval_every` chunks and always after the last one.
+    every = range(cfg.eval_every, num_chunks + 1, cfg.eval_every) if cfg.eval_every > 0 else ()
+    validation_freq = sorted({*every, num_chunks})
+    history = model.fit(train_ds, epochs=num_chunks, steps_per_epoch=chunk, validation_data=eval_ds,
+                        validation_freq=validation_freq, callbacks=callbacks, verbose=cfg.verbose)
     seconds = time.time() - start
-    results = model.evaluate(eval_ds, return_dict=True, verbose=0)
-    results = {k: float(v) for k, v in results.items()}
+    logs = history.history
+    if logs.get("val_loss") and len(history.epoch) and history.epoch[-1] == num_chunks - 1:
+        results = {k[len("val_"):]: float(v[-1]) for k, v in logs.items() if k.startswith("val_")}
+    else:  # nothing left to train (a finished run started again): evaluate what was saved
+        results = {k: float(v) for k, v in model.evaluate(eval_ds, return_dict=True, verbose=0).items()}
     model.save(paths["model"])
     summary = {"model": model.config.name, "dataset": source.name, "eval_split": eval_split,
                "steps": total_updates, "batch_size": recipe.batch_size, "precision": policy,

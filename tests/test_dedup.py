@@ -1,0 +1,99 @@
+"""pipeline.dedup on copies planted among real Fashion-MNIST images."""
+
+import io
+import os
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from keras_vit import fashion_mnist
+from pipeline import dedup
+
+KINDS = ("exact", "resize_2x", "jpeg_75", "brightness_10", "crop_1px")
+
+
+def png(a):
+    buf = io.BytesIO()
+    Image.fromarray(a).save(buf, "PNG")
+    return buf.getvalue()
+
+
+def plant(a, kind):
+    if kind == "exact":
+        return png(a)
+    if kind == "resize_2x":
+        return png(np.asarray(Image.fromarray(a).resize((a.shape[1] * 2, a.shape[0] * 2), Image.BILINEAR)))
+    if kind == "jpeg_75":
+        buf = io.BytesIO()
+        Image.fromarray(a).save(buf, "JPEG", quality=75)
+        return buf.getvalue()
+    if kind == "brightness_10":
+        return png(np.clip(a.astype(np.float32) * 1.1, 0, 255).astype(np.uint8))
+    if kind == "crop_1px":
+        return png(a[1:-1, 1:-1])
+    raise ValueError(kind)
+
+
+@pytest.fixture(scope="module")
+def planted():
+    if not os.path.exists(os.path.join(fashion_mnist.DEFAULT_DIR, "t10k-images-idx3-ubyte.gz")):
+        pytest.skip("dataset-fashion-mnist not installed (make test installs it)")
+    train_x, _ = fashion_mnist.load_arrays("train", fashion_mnist.DEFAULT_DIR)
+    test_x, _ = fashion_mnist.load_arrays("test", fashion_mnist.DEFAULT_DIR)
+    rng = np.random.RandomState(0)
+    refs = test_x[rng.choice(len(test_x), 300, replace=False)]
+    distinct = train_x[rng.choice(len(train_x), 1500, replace=False)]
+    train, truth = [png(a) for a in distinct], {}
+    for k, kind in enumerate(KINDS):
+        for j in range(k * 50, k * 50 + 50):
+            truth[len(train)] = (kind, j)
+            train.append(plant(refs[j], kind))
+    return train, [png(a) for a in refs], truth, len(distinct)
+
+
+def test_planted_copies_are_found_and_distinct_images_are_not(planted):
+    train, refs, truth, num_distinct = planted
+    found = dedup.find_near_duplicates(train, refs)
+    pairs = {(i, j) for i, j, _ in found}
+    for kind in KINDS:
+        planted_pairs = [(i, j) for i, (k, j) in truth.items() if k == kind]
+        recall = np.mean([p in pairs for p in planted_pairs])
+        assert recall >= 0.98, f"{kind}: recall {recall:.2f}"
+    flagged = {i for i, _, _ in found if i < num_distinct}
+    assert len(flagged) / num_distinct <= 0.01, f"{len(flagged)} of {num_distinct} distinct images flagged"
+    scores = {(i, j): s for i, j, s in found}
+    assert all(scores[(i, j)] == 1.0 for i, (k, j) in truth.items() if k == "exact")
+    assert all(s >= dedup.DEFAULT_THRESHOLD for s in scores.values())
+
+
+def test_threshold_above_one_keeps_only_exact_copies(planted):
+    train, refs, truth, _ = planted
+    found = dedup.find_near_duplicates(train, refs, threshold=1.01)
+    assert {truth[i][0] for i, _, _ in found if i in truth} == {"exact"}
+
+
+def test_corrupt_bytes_name_the_record():
+    good = png(np.zeros((8, 8), np.uint8))
+    with pytest.raises(dedup.BadImageError, match=r"train image 1: cannot decode image \(7 bytes\)"):
+        dedup.find_near_duplicates([good, b"garbage"], [good])
+    with pytest.raises(dedup.BadImageError, match="reference image 0"):
+        dedup.find_near_duplicates([good], [b"\x89PNG\r\n\x1a\nbroken"])
+
+
+def test_empty_inputs_and_flat_images():
+    assert dedup.find_near_duplicates([], []) == []
+    flat = png(np.full((8, 8), 7, np.uint8))
+    other_flat = png(np.full((8, 8), 200, np.uint8))
+    # Flat images have no pattern to correlate: only an exact copy matches.
+    assert dedup.find_near_duplicates([flat, other_flat], [flat]) == [(0, 0, 1.0)]
+
+
+def test_score_is_the_best_crop_correlation():
+    rng = np.random.RandomState(0)
+    base = rng.randint(0, 255, (40, 40)).astype(np.float32)
+    crop = base[2:-2, 2:-2]
+    t = dedup.thumbnails(crop, (1.0,))[0]
+    refs = dedup.thumbnails(base, dedup.CROPS)
+    assert dedup.score(t, refs) == pytest.approx(np.max(refs @ t))
+    assert np.argmax(refs @ t) != 0  # a crop of the reference fits better than the whole
