@@ -131,7 +131,7 @@ def make_dataset(
     counted in `stats.skipped` (a decode failure past the format check is dropped
     and logged by `ignore_errors`).
     """
-    size = (image_size, image_size) if isinstance(image_size, int) else tuple(image_size)
+    size = preprocessing.image_hw(image_size)
     num_classes = source.num_classes
     ds = source.raw(split, shuffle_files=training, seed=seed)
     if cache:

@@ -117,7 +117,7 @@ def export_saved_model(
     """
     size, channels = _model_image_shape(model)
     if image_size is not None:
-        wanted = (image_size, image_size) if isinstance(image_size, int) else tuple(image_size)
+        wanted = preprocessing.image_hw(image_size)
         if wanted != size:
             raise ValueError(f"image_size {wanted} differs from the model's input size {size}")
     num_classes = int(model.outputs[0].shape[-1])

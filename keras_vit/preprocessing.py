@@ -12,6 +12,11 @@ import tensorflow as tf
 _MAGIC = (b"\xff\xd8\xff", b"\x89PNG", b"GIF8", b"BM")
 
 
+def image_hw(image_size):
+    """An int or (height, width) -> (height, width)."""
+    return (image_size, image_size) if isinstance(image_size, int) else tuple(image_size)
+
+
 def is_supported_image(image_bytes: tf.Tensor) -> tf.Tensor:
     """Whether a scalar string starts like a JPEG, PNG, GIF or BMP file."""
     return tf.reduce_any([tf.strings.substr(image_bytes, 0, len(m)) == m for m in _MAGIC])
@@ -50,7 +55,7 @@ def eval_image(image: tf.Tensor, image_size) -> tf.Tensor:
 
     `[H, W, C]` uint8 -> `[h, w, C]` float32.
     """
-    size = (image_size, image_size) if isinstance(image_size, int) else tuple(image_size)
+    size = image_hw(image_size)
     image = tf.image.resize(tf.cast(image, tf.float32), size, method="bilinear")
     return to_model_range(image)
 
@@ -63,7 +68,7 @@ def decode_for_eval(image_bytes: tf.Tensor, image_size, channels: int = 3, label
 def decode_batch_for_eval(image_bytes: tf.Tensor, image_size, channels: int = 3,
                           input_name: str = "image_bytes") -> tf.Tensor:
     """`[N]` encoded images -> `[N, h, w, channels]` float32; a bad one is named by its index."""
-    size = (image_size, image_size) if isinstance(image_size, int) else tuple(image_size)
+    size = image_hw(image_size)
 
     def one(args):
         data, index = args
@@ -83,7 +88,7 @@ def train_image(image: tf.Tensor, image_size, seed: tf.Tensor, area_range=(0.05,
     [-1, 1]. Stateless: the same `seed` (int32 [2]) gives the same result.
     `[H, W, C]` uint8 -> `[h, w, C]` float32.
     """
-    size = (image_size, image_size) if isinstance(image_size, int) else tuple(image_size)
+    size = image_hw(image_size)
     seed = tf.cast(seed, tf.int32)
     begin, crop_size, _ = tf.image.stateless_sample_distorted_bounding_box(
         tf.shape(image), bounding_boxes=tf.zeros([1, 0, 4]), seed=seed, min_object_covered=0.0,
