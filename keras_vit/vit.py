@@ -104,9 +104,7 @@ class VisionTransformer(keras.Model):
 
     def feature_extractor(self) -> keras.Model:
         """A model sharing these weights that outputs the pre-logits features `[B, R or D]`."""
-        pre = self.get_layer("pre_logits").output if self.pre_logits is not None else None
-        if pre is None:
-            pre = self.forward(self.inputs[0])["pre_logits"]
+        pre = self.forward(self.inputs[0])["pre_logits"]
         return keras.Model(self.inputs[0], pre, name=f"{self.name}_features")
 
     def get_config(self):
