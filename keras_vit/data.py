@@ -166,11 +166,13 @@ def make_dataset(
             image = preprocessing.eval_image(image, size)
         return tf.ensure_shape(image, [*size, channels]), tf.cast(label, tf.int32)
 
-    ds = ds.enumerate().map(prepare, num_parallel_calls=AUTOTUNE, deterministic=deterministic or None)
+    # Evaluation keeps the records' order (results line up with ids); training may
+    # trade order for speed unless `deterministic`.
+    ordered = deterministic or not training
+    ds = ds.enumerate().map(prepare, num_parallel_calls=AUTOTUNE, deterministic=ordered)
     if skip_bad_records:
         ds = ds.ignore_errors(log_warning=True)
-    ds = ds.batch(batch_size, drop_remainder=training, num_parallel_calls=AUTOTUNE,
-                  deterministic=deterministic or None)
+    ds = ds.batch(batch_size, drop_remainder=training, num_parallel_calls=AUTOTUNE, deterministic=ordered)
     options = tf.data.Options()
-    options.deterministic = deterministic
+    options.deterministic = ordered
     return ds.with_options(options).prefetch(AUTOTUNE)
