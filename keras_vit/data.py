@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import List, Optional
+from typing import Dict, List, Optional, Sequence
 
 import tensorflow as tf
 import tensorflow_datasets as tfds
@@ -60,6 +60,60 @@ class Source:
             kwargs["read_config"] = tfds.ReadConfig(add_tfds_id=True, shuffle_seed=seed)
         kwargs["decoders"] = decoders
         return self.builder.as_dataset(**kwargs)
+
+
+@dataclasses.dataclass
+class TFRecordSource:
+    """tf.Example files (e.g. a TFX Examples artifact) with the interface of `Source`.
+
+    Each record holds the encoded image under `image_key`, an int64 label under
+    `label_key` and a string id under `id_key`.
+    """
+
+    name: str
+    files: Dict[str, Sequence[str]]  # split -> file patterns
+    class_names: List[str]
+    compression: Optional[str] = "GZIP"
+    image_key: str = "image"
+    label_key: str = "label"
+    id_key: str = "source_id"
+    counts: Dict[str, int] = dataclasses.field(default_factory=dict)
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.class_names)
+
+    @property
+    def splits(self) -> dict:
+        return {split: self.num_examples(split) for split in self.files}
+
+    def _paths(self, split: str) -> List[str]:
+        if split not in self.files:
+            raise ValueError(f"{self.name} has no split {split!r} (it has {sorted(self.files)})")
+        paths = sorted(p for pattern in self.files[split] for p in tf.io.gfile.glob(pattern))
+        if not paths:
+            raise FileNotFoundError(f"{self.name} {split}: no files match {list(self.files[split])}")
+        return paths
+
+    def num_examples(self, split: str) -> int:
+        if split not in self.counts:
+            records = tf.data.TFRecordDataset(self._paths(split), compression_type=self.compression)
+            self.counts[split] = int(records.reduce(tf.constant(0, tf.int64), lambda n, _: n + 1).numpy())
+        return self.counts[split]
+
+    def raw(self, split: str, shuffle_files: bool = False, seed: Optional[int] = None) -> tf.data.Dataset:
+        paths = self._paths(split)
+        files = tf.data.Dataset.from_tensor_slices(paths)
+        if shuffle_files:
+            files = files.shuffle(len(paths), seed=seed)
+        records = files.interleave(
+            lambda f: tf.data.TFRecordDataset(f, compression_type=self.compression),
+            cycle_length=min(len(paths), 4), num_parallel_calls=AUTOTUNE, deterministic=not shuffle_files)
+        spec = {self.image_key: tf.io.FixedLenFeature([], tf.string),
+                self.label_key: tf.io.FixedLenFeature([], tf.int64),
+                self.id_key: tf.io.FixedLenFeature([], tf.string, default_value="")}
+        return records.map(lambda r: tf.io.parse_single_example(r, spec), num_parallel_calls=AUTOTUNE,
+                           deterministic=not shuffle_files)
 
 
 def open_source(dataset: Optional[str] = "fashion_mnist_local", data_dir: Optional[str] = None,

@@ -115,6 +115,38 @@ def export_saved_model(
     Returns:
       The version directory written.
     """
+    version = _next_version(path) if version is None else int(version)
+    final = os.path.join(path, str(version))
+    if os.path.exists(final):
+        raise FileExistsError(f"{final} exists; TF Serving versions are immutable, pick another version")
+    os.makedirs(path, exist_ok=True)
+    # TF Serving loads any integer directory it sees, so write elsewhere and rename.
+    staging = tempfile.mkdtemp(prefix=f".{version}-", dir=path)
+    try:
+        write_saved_model(model, staging, class_names=class_names, image_size=image_size, top_k=top_k,
+                          activation=activation, warmup=warmup,
+                          model_name=os.path.basename(os.path.normpath(path)))
+        os.rename(staging, final)
+    finally:
+        if os.path.exists(staging):
+            shutil.rmtree(staging)
+    write_models_config(os.path.dirname(os.path.abspath(path)), models_config_prefix)
+    return final
+
+
+def write_saved_model(
+    model: keras.Model,
+    directory: str,
+    class_names: Optional[Sequence[str]] = None,
+    image_size=None,
+    top_k: int = 5,
+    activation: str = "softmax",
+    warmup: bool = True,
+    model_name: str = "model",
+) -> str:
+    """Writes the SavedModel of `export_saved_model` at exactly `directory` (no version
+    folder), e.g. a TFX Trainer's `serving_model_dir`. `model_name` goes into the
+    warmup requests. The directory must not exist or be empty."""
     size, channels = _model_image_shape(model)
     if image_size is not None:
         wanted = preprocessing.image_hw(image_size)
@@ -130,10 +162,8 @@ def export_saved_model(
         raise ValueError(f"activation must be 'softmax' or 'sigmoid', got {activation!r}")
     if top_k < 1:
         raise ValueError(f"top_k must be >= 1, got {top_k}")
-    version = _next_version(path) if version is None else int(version)
-    final = os.path.join(path, str(version))
-    if os.path.exists(final):
-        raise FileExistsError(f"{final} exists; TF Serving versions are immutable, pick another version")
+    if tf.io.gfile.exists(directory) and tf.io.gfile.listdir(directory):
+        raise FileExistsError(f"{directory} is not empty")
 
     graph = _ServingGraph(model, class_names, size, channels, min(top_k, num_classes), activation)
     archive = keras.export.ExportArchive()
@@ -144,20 +174,10 @@ def export_saved_model(
                          input_signature=[tf.TensorSpec([None], tf.string, name="examples")])
     archive.add_endpoint("predict_images", graph.predict_images,
                          input_signature=[tf.TensorSpec([None, *size, channels], tf.float32, name="images")])
-
-    os.makedirs(path, exist_ok=True)
-    # TF Serving loads any integer directory it sees, so write elsewhere and rename.
-    staging = tempfile.mkdtemp(prefix=f".{version}-", dir=path)
-    try:
-        archive.write_out(staging, verbose=False)
-        if warmup:
-            write_warmup_requests(staging, os.path.basename(os.path.normpath(path)), size, channels)
-        os.rename(staging, final)
-    finally:
-        if os.path.exists(staging):
-            shutil.rmtree(staging)
-    write_models_config(os.path.dirname(os.path.abspath(path)), models_config_prefix)
-    return final
+    archive.write_out(directory, verbose=False)
+    if warmup:
+        write_warmup_requests(directory, model_name, size, channels)
+    return directory
 
 
 def _warmup_png(size, channels) -> bytes:

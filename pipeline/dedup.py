@@ -40,8 +40,10 @@ class DedupConfig:
     threshold: float = DEFAULT_THRESHOLD
     thumb: int = THUMB
     crops: Tuple[float, ...] = CROPS
-    num_tables: int = 12
-    bits_per_table: int = 14
+    # 20 tables of 22 bits: recall 1.0 on every planted kind, ~110 candidates per
+    # image against the 10k Fashion-MNIST test set (12 x 14 bits gave ~400).
+    num_tables: int = 20
+    bits_per_table: int = 22
     seed: int = 0
 
 
@@ -108,26 +110,36 @@ class LSH:
         return bits.astype(np.int64) @ self.weights
 
 
-def candidate_pairs(train_keys: np.ndarray, ref_keys: np.ndarray) -> set:
-    """(train index, reference index) pairs sharing a bucket in any table.
-
-    `train_keys` `[N, T]`; `ref_keys` `[M, C, T]` (one key set per reference crop).
-    """
-    pairs = set()
-    for t in range(train_keys.shape[1]):
+def reference_buckets(ref_keys: np.ndarray) -> List[Dict[int, List[int]]]:
+    """Per table, bucket key -> reference indices; `ref_keys` `[M, crops, T]`."""
+    tables: List[Dict[int, List[int]]] = []
+    for t in range(ref_keys.shape[2]):
         buckets: Dict[int, List[int]] = defaultdict(list)
-        for j, keys in enumerate(ref_keys[:, :, t]):
-            for k in set(keys.tolist()):
+        for j, keys in enumerate(ref_keys[:, :, t].tolist()):
+            for k in set(keys):
                 buckets[k].append(j)
-        for i, k in enumerate(train_keys[:, t].tolist()):
-            for j in buckets.get(k, ()):
-                pairs.add((i, j))
-    return pairs
+        tables.append(buckets)
+    return tables
 
 
-def score(train_thumb: np.ndarray, ref_thumbs: np.ndarray) -> float:
-    """Best correlation of one training thumbnail with a reference's crop thumbnails."""
-    return float(np.max(ref_thumbs @ train_thumb))
+def candidates(train_keys: np.ndarray, buckets: List[Dict[int, List[int]]]) -> List[np.ndarray]:
+    """For each training image (`train_keys` `[N, T]`), the sorted reference indices
+    sharing a bucket with it in any table."""
+    out = []
+    for keys in train_keys.tolist():
+        found = set()
+        for t, k in enumerate(keys):
+            found.update(buckets[t].get(k, ()))
+        out.append(np.fromiter(sorted(found), np.int64, len(found)))
+    return out
+
+
+def scores(train_thumb: np.ndarray, ref_thumbs: np.ndarray) -> np.ndarray:
+    """Best correlation over crops of one training thumbnail `[D]` with each of K
+    references' crop thumbnails `[K, crops, D]` -> `[K]`."""
+    if not len(ref_thumbs):
+        return np.zeros((0,), np.float32)
+    return np.max(ref_thumbs @ train_thumb, axis=1)
 
 
 def find_near_duplicates(train_images: Sequence[bytes], reference_images: Sequence[bytes],
@@ -159,13 +171,11 @@ def find_near_duplicates(train_images: Sequence[bytes], reference_images: Sequen
             found[(i, j)] = 1.0
     if len(train["thumbs"]) and len(refs["thumbs"]):
         lsh = LSH(config, refs["thumbs"][:, 0].mean(axis=0))
-        train_keys = lsh.keys(train["thumbs"][:, 0])
         m, c, d = refs["thumbs"].shape
-        ref_keys = lsh.keys(refs["thumbs"].reshape(m * c, d)).reshape(m, c, -1)
-        for i, j in candidate_pairs(train_keys, ref_keys):
-            if (i, j) not in found:
-                s = score(train["thumbs"][i, 0], refs["thumbs"][j])
-                if s >= threshold:
+        buckets = reference_buckets(lsh.keys(refs["thumbs"].reshape(m * c, d)).reshape(m, c, -1))
+        for i, cand in enumerate(candidates(lsh.keys(train["thumbs"][:, 0]), buckets)):
+            for j, s in zip(cand.tolist(), scores(train["thumbs"][i, 0], refs["thumbs"][cand]).tolist()):
+                if s >= threshold and (i, j) not in found:
                     found[(i, j)] = s
     return sorted((i, j, round(s, 6)) for (i, j), s in found.items())
 

@@ -95,5 +95,8 @@ def test_score_is_the_best_crop_correlation():
     crop = base[2:-2, 2:-2]
     t = dedup.thumbnails(crop, (1.0,))[0]
     refs = dedup.thumbnails(base, dedup.CROPS)
-    assert dedup.score(t, refs) == pytest.approx(np.max(refs @ t))
+    other = dedup.thumbnails(rng.randint(0, 255, (40, 40)).astype(np.float32), dedup.CROPS)
+    got = dedup.scores(t, np.stack([refs, other]))
+    assert got[0] == pytest.approx(np.max(refs @ t)) and got[1] == pytest.approx(np.max(other @ t))
+    assert got[0] > 0.9 > got[1]
     assert np.argmax(refs @ t) != 0  # a crop of the reference fits better than the whole

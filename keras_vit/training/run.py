@@ -73,13 +73,18 @@ def _resume_point(backup_dir: str) -> Optional[int]:
     return None
 
 
-def train(cfg: TrainConfig) -> dict:
-    """Trains, evaluates and saves; returns the final metrics and where things went."""
+def train(cfg: TrainConfig, source=None) -> dict:
+    """Trains, evaluates and saves; returns the final metrics and where things went.
+
+    `source` (a `data.Source` or `data.TFRecordSource`) replaces the dataset the
+    config names, e.g. the TFX pipeline's examples.
+    """
     keras.utils.set_random_seed(cfg.seed)
     policy = precision.set_precision(cfg.precision)
     strategy = distribute.make_strategy(cfg.strategy, tpu=cfg.tpu)
     recipe = cfg.recipe_obj()
-    source = data.open_source(cfg.dataset, data_dir=cfg.data_dir, image_dir=cfg.image_dir)
+    if source is None:
+        source = data.open_source(cfg.dataset, data_dir=cfg.data_dir, image_dir=cfg.image_dir)
     eval_split = cfg.eval_split or ("test" if "test" in source.splits else "validation")
     accum = max(int(cfg.gradient_accumulation_steps), 1)
     if recipe.batch_size % accum:

@@ -1,0 +1,346 @@
+"""The pipeline's custom TFX components.
+
+- `ImageExampleGen`: a TFDS dataset, an image folder or TFRecords -> Examples
+  (`image`, `label`, `label_name`, `source_id`, `hash`), as a Beam job.
+- `CurateSchema`: the inferred schema, tightened to what the model needs: every
+  record has one image and one label in [0, C), and label names from the source.
+- `ValidationGate`: stops the run before training when ExampleValidator found anomalies.
+- `Dedup`: removes training images that copy an eval/test image (Beam), with a report.
+- `ServingPusher`: copies a blessed model to `<serving_dir>/<model_name>/<version>/`,
+  never the same model twice, and says why when it does not push.
+"""
+
+# No `from __future__ import annotations`: TFX reads the component signatures' types.
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from typing import Dict, List
+
+import apache_beam as beam
+import tensorflow as tf
+from tfx.dsl.component.experimental.annotations import (BeamComponentParameter, InputArtifact,
+                                                        OutputArtifact, Parameter)
+from tfx.dsl.component.experimental.decorators import component
+from tfx.types import artifact, artifact_utils, standard_artifacts
+
+from pipeline import dedup, dedup_beam, ingest
+
+CLASS_NAMES_FILE = "class_names.json"
+PUSH_RECORD = os.path.join("assets.extra", "keras_vit_push.json")
+
+
+class DedupReport(artifact.Artifact):
+    """`report.json` (counts and pairs), `pairs.csv` and `contact_sheet.png`."""
+
+    TYPE_NAME = "KerasVitDedupReport"
+
+
+class DataValidationError(RuntimeError):
+    """ExampleValidator found anomalies; the message lists them."""
+
+
+def split_pattern(examples: artifact.Artifact, split: str) -> str:
+    return os.path.join(artifact_utils.get_split_uri([examples], split), "*")
+
+
+def read_class_names(examples_uri: str) -> List[str]:
+    path = os.path.join(examples_uri, CLASS_NAMES_FILE)
+    if not tf.io.gfile.exists(path):
+        raise FileNotFoundError(f"{path} is missing: these examples were not made by ImageExampleGen")
+    with tf.io.gfile.GFile(path) as f:
+        return json.load(f)
+
+
+def _write_split(pcoll, uri, split):
+    return (pcoll | f"Serialize[{split}]" >> beam.Map(lambda ex: ex.SerializeToString())
+            | f"Write[{split}]" >> beam.io.WriteToTFRecord(
+                os.path.join(uri, f"Split-{split}", "data_tfrecord"), file_name_suffix=".gz"))
+
+
+def _count(pcoll, split):
+    def inc(x):
+        beam.metrics.Metrics.counter("keras_vit", f"records_{split}").inc()
+        return x
+
+    return pcoll | f"Count[{split}]" >> beam.Map(inc)
+
+
+def _counter(result, name) -> int:
+    from apache_beam.metrics.metric import MetricsFilter
+
+    found = result.metrics().query(MetricsFilter().with_name(name))["counters"]
+    return int(sum(c.committed for c in found))
+
+
+def _set_examples_properties(examples, splits, class_names, counts):
+    from tfx.components.util import examples_utils
+    from tfx.proto import example_gen_pb2
+
+    examples.split_names = artifact_utils.encode_split_names(list(splits))
+    examples_utils.set_payload_format(examples, example_gen_pb2.PayloadFormat.FORMAT_TF_EXAMPLE)
+    examples_utils.set_file_format(examples, "tfrecords_gzip")
+    examples.set_string_custom_property("class_names", json.dumps(class_names))
+    examples.set_string_custom_property("split_counts", json.dumps(counts))
+    with tf.io.gfile.GFile(os.path.join(examples.uri, CLASS_NAMES_FILE), "w") as f:
+        json.dump(class_names, f)
+
+
+@component(use_beam=True)
+def ImageExampleGen(  # noqa: N802  (TFX components are named like classes)
+    examples: OutputArtifact[standard_artifacts.Examples],
+    source: Parameter[str],
+    input_fingerprint: Parameter[str] = "",
+    beam_pipeline: BeamComponentParameter[beam.Pipeline] = None,
+) -> None:
+    """Reads `source` (a JSON `ingest.SourceSpec`) into train/eval[/test] Examples.
+
+    `input_fingerprint` only keys the cache: the pipeline sets it from the source
+    files, so changed images are read again.
+    """
+    del input_fingerprint
+    spec = ingest.SourceSpec(**json.loads(source))
+    p = beam_pipeline
+    got = ingest.read_source(p, spec)
+    for split, pcoll in got.splits.items():
+        _write_split(_count(pcoll, split), examples.uri, split)
+    pairs_prefix = os.path.join(tempfile.mkdtemp(prefix="label_names-"), "pairs")
+    if got.label_names is not None:
+        _ = (got.label_names | "LabelPairsJson" >> beam.Map(json.dumps)
+             | "WriteLabelPairs" >> beam.io.WriteToText(pairs_prefix))
+    result = p.run()
+    result.wait_until_finish()
+    class_names = got.class_names
+    if class_names is None:
+        pairs = []
+        for path in tf.io.gfile.glob(pairs_prefix + "*"):
+            with tf.io.gfile.GFile(path) as f:
+                pairs += [tuple(json.loads(line)) for line in f if line.strip()]
+        class_names = ingest.class_names_from_pairs(pairs)
+    shutil.rmtree(os.path.dirname(pairs_prefix), ignore_errors=True)
+    counts = {split: _counter(result, f"records_{split}") for split in got.splits}
+    _set_examples_properties(examples, got.splits, class_names, counts)
+    print(f"ImageExampleGen: {spec.describe()} -> {counts}, {len(class_names)} classes", flush=True)
+
+
+@component
+def CurateSchema(  # noqa: N802
+    schema: InputArtifact[standard_artifacts.Schema],
+    examples: InputArtifact[standard_artifacts.Examples],
+    curated_schema: OutputArtifact[standard_artifacts.Schema],
+) -> None:
+    """The inferred schema with the model's contract: one image, one label in [0, C)."""
+    from tensorflow_metadata.proto.v0 import schema_pb2
+    from tfx.utils import io_utils
+
+    inferred = io_utils.SchemaReader().read(os.path.join(schema.uri, "schema.pbtxt"))
+    class_names = read_class_names(examples.uri)
+    out = schema_pb2.Schema()
+    out.CopyFrom(inferred)
+    by_name = {f.name: f for f in out.feature}
+    for name, kind in ((ingest.IMAGE, schema_pb2.BYTES), (ingest.LABEL, schema_pb2.INT),
+                       (ingest.LABEL_NAME, schema_pb2.BYTES), (ingest.SOURCE_ID, schema_pb2.BYTES),
+                       (ingest.HASH, schema_pb2.BYTES)):
+        feature = by_name.get(name) or out.feature.add(name=name, type=kind)
+        feature.ClearField("shape")
+        feature.presence.min_fraction = 1.0
+        feature.presence.min_count = 1
+        feature.value_count.min = feature.value_count.max = 1
+    label = by_name.get(ingest.LABEL) or next(f for f in out.feature if f.name == ingest.LABEL)
+    label.ClearField("domain_info")
+    label.int_domain.min, label.int_domain.max = 0, len(class_names) - 1
+    label.int_domain.is_categorical = True
+    label_name = next(f for f in out.feature if f.name == ingest.LABEL_NAME)
+    label_name.ClearField("domain_info")
+    label_name.ClearField("domain")
+    label_name.string_domain.name = ingest.LABEL_NAME
+    label_name.string_domain.value[:] = list(class_names)
+    io_utils.write_pbtxt_file(os.path.join(curated_schema.uri, "schema.pbtxt"), out)
+
+
+def anomaly_messages(anomalies_uri: str, split_names: List[str]) -> List[str]:
+    from tensorflow_metadata.proto.v0 import anomalies_pb2
+
+    messages = []
+    for split in split_names:
+        path = os.path.join(anomalies_uri, f"Split-{split}", "SchemaDiff.pb")
+        if not tf.io.gfile.exists(path):
+            continue
+        found = anomalies_pb2.Anomalies.FromString(tf.io.gfile.GFile(path, "rb").read())
+        for name, info in sorted(found.anomaly_info.items()):
+            messages.append(f"{split}: feature '{name}': {info.short_description}: {info.description}")
+        if found.HasField("dataset_anomaly_info"):
+            info = found.dataset_anomaly_info
+            messages.append(f"{split}: dataset: {info.short_description}: {info.description}")
+    return messages
+
+
+@component
+def ValidationGate(  # noqa: N802
+    anomalies: InputArtifact[standard_artifacts.ExampleAnomalies],
+) -> None:
+    """Raises DataValidationError, listing the anomalies, when there are any."""
+    splits = artifact_utils.decode_split_names(anomalies.split_names)
+    messages = anomaly_messages(anomalies.uri, splits)
+    if messages:
+        raise DataValidationError(
+            "data validation found anomalies; the run stops before training:\n  " + "\n  ".join(messages)
+            + f"\n(ExampleValidator output: {anomalies.uri})")
+    print(f"ValidationGate: no anomalies in {', '.join(splits)}", flush=True)
+
+
+def _records_for_dedup(serialized: bytes, prefix: str):
+    ex = tf.train.Example.FromString(serialized)
+    source_id = ingest.feature_bytes(ex, ingest.SOURCE_ID).decode()
+    return (prefix + source_id, ingest.feature_bytes(ex, ingest.IMAGE),
+            ingest.feature_bytes(ex, ingest.HASH).decode())
+
+
+def _keep(serialized: bytes, removed: Dict[str, bool]) -> bool:
+    ex = tf.train.Example.FromString(serialized)
+    return ingest.feature_bytes(ex, ingest.SOURCE_ID).decode() not in removed
+
+
+@component(use_beam=True)
+def Dedup(  # noqa: N802
+    examples: InputArtifact[standard_artifacts.Examples],
+    deduplicated_examples: OutputArtifact[standard_artifacts.Examples],
+    report: OutputArtifact[DedupReport],
+    threshold: Parameter[float] = dedup.DEFAULT_THRESHOLD,
+    contact_sheet_pairs: Parameter[int] = 24,
+    beam_pipeline: BeamComponentParameter[beam.Pipeline] = None,
+) -> None:
+    """Drops training images that copy an eval or test image; eval/test pass unchanged."""
+    from pipeline import report as report_lib
+
+    splits = artifact_utils.decode_split_names(examples.split_names)
+    references = [s for s in splits if s != "train"]
+    p = beam_pipeline
+    train_raw = p | "ReadTrain" >> beam.io.ReadFromTFRecord(split_pattern(examples, "train"),
+                                                              coder=beam.coders.BytesCoder())
+    train = train_raw | "TrainRecords" >> beam.Map(_records_for_dedup, "")
+    refs = ([p | f"Read[{s}]" >> beam.io.ReadFromTFRecord(split_pattern(examples, s), coder=beam.coders.BytesCoder())
+             | f"Records[{s}]" >> beam.Map(_records_for_dedup, f"{s}:") for s in references]
+            | "AllReferences" >> beam.Flatten())
+    pairs = (train, refs) | "FindDuplicates" >> dedup_beam.FindDuplicates(threshold=threshold)
+    pairs_prefix = os.path.join(report.uri, "pairs_jsonl")
+    _ = pairs | "PairsJson" >> beam.Map(json.dumps) | "WritePairs" >> beam.io.WriteToText(pairs_prefix)
+    removed = beam.pvalue.AsDict(pairs | "RemovedIds" >> beam.Map(lambda x: (x[0], True))
+                                 | "OnePerId" >> beam.CombinePerKey(lambda v: True))
+    kept = _count(train_raw | "Keep" >> beam.Filter(_keep, removed), "train")
+    _ = kept | "WriteTrain" >> beam.io.WriteToTFRecord(
+        os.path.join(deduplicated_examples.uri, "Split-train", "data_tfrecord"), file_name_suffix=".gz")
+    result = p.run()
+    result.wait_until_finish()
+
+    for s in references:  # passed through unchanged
+        src, dst = artifact_utils.get_split_uri([examples], s), os.path.join(deduplicated_examples.uri, f"Split-{s}")
+        tf.io.gfile.makedirs(dst)
+        for name in tf.io.gfile.listdir(src):
+            tf.io.gfile.copy(os.path.join(src, name), os.path.join(dst, name), overwrite=True)
+    class_names = read_class_names(examples.uri)
+    counts = json.loads(examples.get_string_custom_property("split_counts") or "{}")
+    counts["train"] = _counter(result, "records_train")
+    _set_examples_properties(deduplicated_examples, splits, class_names, counts)
+    summary = report_lib.write_report(
+        report.uri, pairs_prefix, examples_uri=examples.uri, references=references,
+        train_count=json.loads(examples.get_string_custom_property("split_counts") or "{}").get("train"),
+        threshold=threshold, sheet_pairs=contact_sheet_pairs)
+    report.set_string_custom_property("removed", json.dumps(summary["removed_by_split"]))
+    report.set_int_custom_property("removed_total", summary["removed_total"])
+    print(f"Dedup: removed {summary['removed_total']} training images "
+          f"({summary['removed_by_split']}); report in {report.uri}", flush=True)
+
+
+def _tree_digest(root: str) -> str:
+    digest = hashlib.sha256()
+    for dirpath, dirnames, filenames in tf.io.gfile.walk(root):
+        dirnames.sort()
+        for name in sorted(filenames):
+            path = os.path.join(dirpath, name)
+            rel = os.path.relpath(path, root)
+            if rel == PUSH_RECORD:
+                continue
+            digest.update(rel.encode() + b"\0")
+            with tf.io.gfile.GFile(path, "rb") as f:
+                while chunk := f.read(1 << 20):
+                    digest.update(chunk)
+    return digest.hexdigest()
+
+
+def pushed_versions(base: str) -> Dict[int, dict]:
+    """version -> push record of the versions under a model's serving directory."""
+    out = {}
+    if tf.io.gfile.isdir(base):
+        for name in tf.io.gfile.listdir(base):
+            name = name.rstrip("/")
+            record = os.path.join(base, name, PUSH_RECORD)
+            if name.isdigit() and tf.io.gfile.exists(record):
+                with tf.io.gfile.GFile(record) as f:
+                    out[int(name)] = json.load(f)
+    return out
+
+
+def blessing_reasons(evaluation_uri: str) -> List[str]:
+    """The failed thresholds of a TFMA validation, as sentences."""
+    import tensorflow_model_analysis as tfma
+
+    try:
+        result = tfma.load_validation_result(evaluation_uri)
+    except Exception as e:  # noqa: BLE001  (a missing or unreadable result)
+        return [f"no validation result in {evaluation_uri} ({e})"]
+    reasons = []
+    for failure in result.metric_validations_per_slice:
+        for f in failure.failures:
+            reasons.append(f"{f.metric_key.name}: {f.message}")
+    return reasons or ["the Evaluator did not bless it"]
+
+
+@component
+def ServingPusher(  # noqa: N802
+    model: InputArtifact[standard_artifacts.Model],
+    model_blessing: InputArtifact[standard_artifacts.ModelBlessing],
+    evaluation: InputArtifact[standard_artifacts.ModelEvaluation],
+    pushed_model: OutputArtifact[standard_artifacts.PushedModel],
+    serving_dir: Parameter[str],
+    model_name: Parameter[str],
+) -> None:
+    """Copies a blessed model's SavedModel to `serving_dir/model_name/<next version>/`."""
+    from keras_vit import export
+
+    base = os.path.join(os.path.abspath(serving_dir), model_name)
+    src = os.path.join(model.uri, "Format-Serving")
+    pushed_model.set_int_custom_property("pushed", 0)
+    if not model_blessing.get_int_custom_property("blessed"):
+        reason = "not blessed: " + "; ".join(blessing_reasons(evaluation.uri))
+        pushed_model.set_string_custom_property("reason", reason)
+        print(f"ServingPusher: {model.uri} is {reason}; nothing pushed", flush=True)
+        return
+    digest = _tree_digest(src)
+    for version, record in sorted(pushed_versions(base).items()):
+        if record.get("digest") == digest:
+            reason = f"this model is already served as version {version}"
+            pushed_model.set_string_custom_property("reason", reason)
+            pushed_model.set_string_custom_property("pushed_destination", os.path.join(base, str(version)))
+            print(f"ServingPusher: {reason} ({os.path.join(base, str(version))}); nothing pushed", flush=True)
+            return
+    tf.io.gfile.makedirs(base)
+    version = max([int(d.rstrip("/")) for d in tf.io.gfile.listdir(base) if d.rstrip("/").isdigit()], default=0) + 1
+    final = os.path.join(base, str(version))
+    staging = tempfile.mkdtemp(prefix=f".{version}-", dir=base)  # TF Serving must not see a partial copy
+    try:
+        shutil.rmtree(staging)
+        shutil.copytree(src, staging)
+        os.makedirs(os.path.join(staging, "assets.extra"), exist_ok=True)
+        with open(os.path.join(staging, PUSH_RECORD), "w") as f:
+            json.dump({"digest": digest, "model_uri": model.uri}, f)
+        os.rename(staging, final)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    export.write_models_config(os.path.abspath(serving_dir))
+    pushed_model.set_int_custom_property("pushed", 1)
+    pushed_model.set_string_custom_property("pushed_destination", final)
+    pushed_model.set_int_custom_property("pushed_version", version)
+    pushed_model.set_string_custom_property("reason", "blessed and new")
+    print(f"ServingPusher: pushed {model.uri} to {final}", flush=True)

@@ -1,0 +1,104 @@
+"""The pipeline definition: which components, wired how. Runners live in `pipeline.run`.
+
+    ImageExampleGen -> StatisticsGen -> SchemaGen -> CurateSchema -> ExampleValidator
+      -> ValidationGate -> Dedup -> Trainer -> Evaluator (vs the latest blessed model)
+      -> ServingPusher
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from typing import List, Optional
+
+import tensorflow_model_analysis as tfma
+from tfx import v1 as tfx
+
+from pipeline import components, ingest
+
+MODULE_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "trainer_module.py")
+TOP1, TOP5 = "sparse_categorical_accuracy", "sparse_top_k_categorical_accuracy"
+
+
+def eval_config(accuracy_threshold: float) -> tfma.EvalConfig:
+    """Top-1 and top-5 on eval through the serialized-Example signature; blessing needs
+    top-1 >= `accuracy_threshold` and no worse than the latest blessed model."""
+    return tfma.EvalConfig(
+        model_specs=[tfma.ModelSpec(signature_name="serving_examples", label_key=ingest.LABEL,
+                                    prediction_key="probabilities")],
+        slicing_specs=[tfma.SlicingSpec()],
+        metrics_specs=[tfma.MetricsSpec(metrics=[
+            tfma.MetricConfig(class_name="ExampleCount"),
+            tfma.MetricConfig(
+                class_name="SparseCategoricalAccuracy",
+                threshold=tfma.MetricThreshold(
+                    value_threshold=tfma.GenericValueThreshold(lower_bound={"value": accuracy_threshold}),
+                    change_threshold=tfma.GenericChangeThreshold(
+                        direction=tfma.MetricDirection.HIGHER_IS_BETTER, absolute={"value": -1e-10}))),
+            tfma.MetricConfig(class_name="SparseTopKCategoricalAccuracy", config=json.dumps({"k": 5})),
+        ])])
+
+
+def create_pipeline(
+    *,
+    pipeline_name: str,
+    pipeline_root: str,
+    source: ingest.SourceSpec,
+    input_fingerprint: str,
+    train_config: dict,
+    train_steps: int,
+    serving_dir: str,
+    model_name: str,
+    dedup_threshold: float,
+    accuracy_threshold: float,
+    metadata_path: Optional[str],
+    beam_pipeline_args: List[str],
+    enable_cache: bool = True,
+) -> tfx.dsl.Pipeline:
+    """The pipeline object; `metadata_path` None leaves ML Metadata to the orchestrator."""
+    import tensorflow_data_validation as tfdv
+
+    example_gen = components.ImageExampleGen(
+        source=json.dumps(dataclasses.asdict(source)), input_fingerprint=input_fingerprint)
+    statistics_gen = tfx.components.StatisticsGen(
+        examples=example_gen.outputs["examples"],
+        stats_options=tfdv.StatsOptions(enable_semantic_domain_stats=True))
+    schema_gen = tfx.components.SchemaGen(statistics=statistics_gen.outputs["statistics"],
+                                          infer_feature_shape=False)
+    curate = components.CurateSchema(schema=schema_gen.outputs["schema"], examples=example_gen.outputs["examples"])
+    example_validator = tfx.components.ExampleValidator(
+        statistics=statistics_gen.outputs["statistics"], schema=curate.outputs["curated_schema"])
+    gate = components.ValidationGate(anomalies=example_validator.outputs["anomalies"])
+    dedup = components.Dedup(examples=example_gen.outputs["examples"], threshold=dedup_threshold)
+    dedup.add_upstream_node(gate)
+    trainer = tfx.components.Trainer(
+        module_file=MODULE_FILE,
+        examples=dedup.outputs["deduplicated_examples"],
+        schema=curate.outputs["curated_schema"],
+        train_args=tfx.proto.TrainArgs(splits=["train"], num_steps=int(train_steps)),
+        eval_args=tfx.proto.EvalArgs(splits=["eval"]),
+        custom_config={**train_config, "model_name": model_name})
+    baseline = tfx.dsl.Resolver(
+        strategy_class=tfx.dsl.experimental.LatestBlessedModelStrategy,
+        model=tfx.dsl.Channel(type=tfx.types.standard_artifacts.Model),
+        model_blessing=tfx.dsl.Channel(type=tfx.types.standard_artifacts.ModelBlessing),
+    ).with_id("latest_blessed_model_resolver")
+    evaluator = tfx.components.Evaluator(
+        examples=dedup.outputs["deduplicated_examples"],
+        model=trainer.outputs["model"],
+        baseline_model=baseline.outputs["model"],
+        example_splits=["eval"],
+        eval_config=eval_config(accuracy_threshold))
+    pusher = components.ServingPusher(
+        model=trainer.outputs["model"], model_blessing=evaluator.outputs["blessing"],
+        evaluation=evaluator.outputs["evaluation"], serving_dir=serving_dir, model_name=model_name)
+    return tfx.dsl.Pipeline(
+        pipeline_name=pipeline_name,
+        pipeline_root=pipeline_root,
+        components=[example_gen, statistics_gen, schema_gen, curate, example_validator, gate, dedup, trainer,
+                    baseline, evaluator, pusher],
+        enable_cache=enable_cache,
+        metadata_connection_config=(tfx.orchestration.metadata.sqlite_metadata_connection_config(metadata_path)
+                                    if metadata_path else None),
+        beam_pipeline_args=beam_pipeline_args)

@@ -1,0 +1,284 @@
+"""Runs the pipeline: `python -m pipeline.run` (LocalDagRunner, SQLite ML Metadata).
+
+    python -m pipeline.run                                  # Fashion-MNIST, about 15 min on 2 cores
+    python -m pipeline.run --image_dir=photos/ --model=ViT-S/16 --image_size=224 ...
+    python -m pipeline.run --runner=kubeflow_v2 --kubeflow_output=vit_pipeline.json
+
+The last line printed is one JSON object: `pushed`, `serving_model_path`,
+`accuracy`, `dedup` (training images removed per reference split), `pipeline_root`.
+
+Beam: `--beam_direct_workers=N` (N > 1) runs Beam's DirectRunner with N processes.
+For a cluster, pass runner flags through `--beam_pipeline_args`, e.g.
+  Flink:    --runner=FlinkRunner --flink_master=host:8081 --environment_type=LOOPBACK
+  Spark:    --runner=SparkRunner --spark_master_url=spark://host:7077
+  Dataflow: --runner=DataflowRunner --project=P --region=R --temp_location=gs://B/tmp
+and put `--pipeline_root` and `--serving_dir` on storage the workers share.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import sys
+import time
+import warnings
+from typing import List, Optional
+
+# google-api-core warns on every import under Python 3.10, which TFX 1.16 needs.
+warnings.filterwarnings("ignore", message="You are using a non-supported Python version")
+
+from pipeline import ingest
+
+DEFAULT_OVERRIDES = {"patch_size": 4, "hidden_size": 64, "mlp_dim": 128, "num_heads": 4, "num_layers": 4}
+COMPONENT_ORDER = ("ImageExampleGen", "StatisticsGen", "SchemaGen", "CurateSchema", "ExampleValidator",
+                   "ValidationGate", "Dedup", "Trainer", "latest_blessed_model_resolver", "Evaluator",
+                   "ServingPusher")
+
+
+def beam_args(direct_workers: int, extra: Optional[List[str]] = None) -> List[str]:
+    """DirectRunner flags for `direct_workers` processes (1: in memory), then `extra`."""
+    if direct_workers < 1:
+        raise ValueError(f"beam_direct_workers must be >= 1, got {direct_workers}")
+    args = (["--direct_running_mode=multi_processing", f"--direct_num_workers={direct_workers}"]
+            if direct_workers > 1 else ["--direct_running_mode=in_memory", "--direct_num_workers=1"])
+    return args + list(extra or [])
+
+
+def input_fingerprint(spec: ingest.SourceSpec) -> str:
+    """Changes when the source's files change, so ImageExampleGen's cache is not stale."""
+    import tensorflow as tf
+
+    digest = hashlib.sha256()
+    if spec.image_dir:
+        for dirpath, dirnames, filenames in os.walk(spec.image_dir):
+            dirnames.sort()
+            for name in sorted(filenames):
+                st = os.stat(os.path.join(dirpath, name))
+                digest.update(f"{os.path.relpath(os.path.join(dirpath, name), spec.image_dir)}:{st.st_size}:"
+                              f"{st.st_mtime_ns}\n".encode())
+    elif spec.tfrecords:
+        for split, pattern in sorted(spec.tfrecords.items()):
+            for path in sorted(tf.io.gfile.glob(pattern)):
+                st = tf.io.gfile.stat(path)
+                digest.update(f"{split}:{path}:{st.length}:{st.mtime_nsec}\n".encode())
+    else:
+        builder = ingest._tfds_builder(spec.dataset, spec.data_dir)
+        digest.update(f"{builder.info.full_name}:{spec.data_dir}".encode())
+    return digest.hexdigest()[:24]
+
+
+class _Progress(logging.Handler):
+    """Prints one line per component from the runner's log records."""
+
+    def __init__(self, total: int):
+        super().__init__(logging.INFO)
+        self.total, self.started, self.done = total, {}, 0
+
+    def emit(self, record):
+        msg, args = record.msg, record.args or ()
+        if msg == "Component %s is running.":
+            self.started[args[0]] = time.time()
+            print(f"[{self.done + 1}/{self.total}] {args[0]} ...", file=sys.stderr, flush=True)
+        elif msg == "Component %s is finished.":
+            self.done += 1
+            took = time.time() - self.started.get(args[0], time.time())
+            print(f"[{self.done}/{self.total}] {args[0]} done in {took:.0f} s", file=sys.stderr, flush=True)
+        elif msg == "A cached execution %d is used.":
+            print(f"    (cached: execution {args[0]})", file=sys.stderr, flush=True)
+
+
+def _run_local(pipeline) -> None:
+    from absl import logging as absl_logging
+    from tfx import v1 as tfx
+
+    logger = logging.getLogger("absl")
+    handler = _Progress(len(pipeline.components))
+    previous = logger.level
+    absl_logging.get_absl_handler().setLevel(logging.WARNING)
+    logger.setLevel(logging.INFO)
+    logger.addHandler(handler)
+    try:
+        tfx.orchestration.LocalDagRunner().run(pipeline)
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(previous)
+
+
+def summarise_run(metadata_path: str, pipeline_root: str) -> dict:
+    """What the latest run in `metadata_path` did, from ML Metadata."""
+    import tensorflow_model_analysis as tfma
+    from ml_metadata.metadata_store import metadata_store
+    from ml_metadata.proto import metadata_store_pb2
+    from tfx import v1 as tfx
+
+    store = metadata_store.MetadataStore(tfx.orchestration.metadata.sqlite_metadata_connection_config(metadata_path))
+    runs = store.get_contexts_by_type("pipeline_run")
+    if not runs:
+        raise RuntimeError(f"no pipeline run in {metadata_path}")
+    run = max(runs, key=lambda c: (c.create_time_since_epoch, c.id))
+    nodes = {}
+    for execution in store.get_executions_by_context(run.id):
+        node = [c.name.split(".", 1)[-1] for c in store.get_contexts_by_execution(execution.id)
+                if c.type == "node"]
+        outputs = {}
+        events = [e for e in store.get_events_by_execution_ids([execution.id])
+                  if e.type in (metadata_store_pb2.Event.OUTPUT, metadata_store_pb2.Event.DECLARED_OUTPUT)]
+        for event, art in zip(events, store.get_artifacts_by_id([e.artifact_id for e in events])):
+            key = event.path.steps[0].key if event.path.steps else ""
+            outputs[key] = art
+        nodes[node[0] if node else execution.name] = (execution, outputs)
+
+    def prop(art, name):
+        v = art.custom_properties.get(name)
+        return None if v is None else (v.string_value or v.int_value)
+
+    summary = {"pushed": False, "serving_model_path": None, "accuracy": None, "dedup": None,
+               "pipeline_root": os.path.abspath(pipeline_root), "run_id": run.name}
+    states = {name: metadata_store_pb2.Execution.State.Name(e.last_known_state) for name, (e, _) in nodes.items()}
+    summary["executions"] = {n: states[n] for n in COMPONENT_ORDER if n in states}
+    if "Dedup" in nodes and "report" in nodes["Dedup"][1]:
+        summary["dedup"] = json.loads(prop(nodes["Dedup"][1]["report"], "removed") or "null")
+    if "Evaluator" in nodes and "evaluation" in nodes["Evaluator"][1]:
+        uri = nodes["Evaluator"][1]["evaluation"].uri
+        for metrics in tfma.load_metrics(uri):
+            if metrics.slice_key.single_slice_keys:
+                continue
+            for kv in metrics.metric_keys_and_values:
+                if kv.key.name == "sparse_categorical_accuracy" and not kv.key.is_diff and kv.key.model_name in (
+                        "", "candidate"):
+                    summary["accuracy"] = round(kv.value.double_value.value, 6)
+    if "ServingPusher" in nodes and "pushed_model" in nodes["ServingPusher"][1]:
+        execution, outputs = nodes["ServingPusher"]
+        pushed = outputs["pushed_model"]
+        if execution.last_known_state == metadata_store_pb2.Execution.CACHED:
+            summary["reason"] = "the pusher's inputs are unchanged since the run that pushed or refused it"
+        else:
+            summary["pushed"] = bool(prop(pushed, "pushed"))
+            summary["reason"] = prop(pushed, "reason")
+        summary["serving_model_path"] = prop(pushed, "pushed_destination")
+    return summary
+
+
+def compile_kubeflow_v2(pipeline, output: str, image: str) -> str:
+    """Writes the Kubeflow V2 (Vertex AI Pipelines) job spec of `pipeline` as JSON."""
+    from tfx import v1 as tfx
+
+    runner = tfx.orchestration.experimental.KubeflowV2DagRunner(
+        config=tfx.orchestration.experimental.KubeflowV2DagRunnerConfig(default_image=image),
+        output_dir=os.path.dirname(os.path.abspath(output)), output_filename=os.path.basename(output))
+    runner.run(pipeline, write_out=True)
+    return output
+
+
+def _define_flags():
+    from absl import flags
+
+    from pipeline import dedup
+
+    flags.DEFINE_string("dataset", "fashion_mnist_local", "TFDS name (with optional /config).")
+    flags.DEFINE_string("data_dir", None, "TFDS data directory.")
+    flags.DEFINE_string("image_dir", None, "A split/label/image folder tree; replaces --dataset.")
+    flags.DEFINE_list("tfrecords", None, "split=pattern pairs of tf.Example TFRecords (image, label); "
+                      "replaces --dataset.")
+    flags.DEFINE_list("class_names", None, "Class names for --tfrecords (default: from the data).")
+    flags.DEFINE_float("eval_percent", 10.0, "Percent of train held out as eval when the source has no eval split.")
+    flags.DEFINE_string("model", "ViT-Ti/16", "A keras_vit model name.")
+    flags.DEFINE_string("model_overrides", json.dumps(DEFAULT_OVERRIDES), "JSON of ViTConfig overrides.")
+    flags.DEFINE_integer("image_size", 28, "Model input size.")
+    flags.DEFINE_integer("train_steps", 1200, "Optimizer updates.")
+    flags.DEFINE_integer("batch_size", 256, "Global batch size.")
+    flags.DEFINE_float("learning_rate", 3e-3, "Peak learning rate.")
+    flags.DEFINE_float("weight_decay", 0.05, "Decoupled weight decay.")
+    flags.DEFINE_integer("warmup_steps", 200, "Linear warmup steps.")
+    flags.DEFINE_float("dropout_rate", 0.0, "Dropout.")
+    flags.DEFINE_float("crop_area_min", 1.0, "Smallest Inception-crop area (1.0: flips only).")
+    flags.DEFINE_enum("recipe", "pretrain", ["pretrain", "finetune"], "keras_vit training recipe.")
+    flags.DEFINE_string("weights", None, "Checkpoint to start from (with --recipe=finetune).")
+    flags.DEFINE_string("precision", "auto", "auto, float32, mixed_bfloat16 or mixed_float16.")
+    flags.DEFINE_string("strategy", "auto", "tf.distribute strategy for the Trainer.")
+    flags.DEFINE_string("pipeline_name", "keras_vit", "Pipeline name.")
+    flags.DEFINE_string("pipeline_root", "runs/pipeline", "Where artifacts go.")
+    flags.DEFINE_string("metadata_path", None, "SQLite ML Metadata file (default <pipeline_root>/metadata.sqlite).")
+    flags.DEFINE_string("serving_dir", "saved_models", "Pushed models go to <serving_dir>/<model_name>/<version>/.")
+    flags.DEFINE_string("model_name", "vit", "Serving model name.")
+    flags.DEFINE_integer("beam_direct_workers", 1, "DirectRunner processes (1: in memory).")
+    flags.DEFINE_list("beam_pipeline_args", [], "More Beam flags (Flink, Spark, Dataflow).")
+    flags.DEFINE_float("dedup_threshold", dedup.DEFAULT_THRESHOLD, "Near-duplicate correlation threshold.")
+    flags.DEFINE_float("accuracy_threshold", 0.8, "Top-1 on eval a model needs to be blessed.")
+    flags.DEFINE_boolean("enable_cache", True, "Reuse cached component results.")
+    flags.DEFINE_enum("runner", "local", ["local", "kubeflow_v2"], "local runs; kubeflow_v2 compiles a JSON spec.")
+    flags.DEFINE_string("kubeflow_output", "keras_vit_pipeline.json", "Where --runner=kubeflow_v2 writes.")
+    flags.DEFINE_string("kubeflow_image", "keras-vit:latest", "Container image for the Kubeflow V2 spec.")
+
+
+def build_from_flags(FLAGS):
+    from pipeline import definition
+
+    tfrecords = None
+    if FLAGS.tfrecords:
+        tfrecords = {}
+        for item in FLAGS.tfrecords:
+            if "=" not in item:
+                raise ValueError(f"--tfrecords wants split=pattern, got {item!r}")
+            split, pattern = item.split("=", 1)
+            tfrecords[split] = pattern
+    given = FLAGS.image_dir or tfrecords
+    spec = ingest.SourceSpec(dataset=None if given else FLAGS.dataset, data_dir=FLAGS.data_dir,
+                             image_dir=FLAGS.image_dir, tfrecords=tfrecords, class_names=FLAGS.class_names,
+                             eval_percent=FLAGS.eval_percent)
+    train_config = {
+        "model": FLAGS.model, "model_overrides": json.loads(FLAGS.model_overrides or "{}"),
+        "image_size": FLAGS.image_size, "batch_size": FLAGS.batch_size, "learning_rate": FLAGS.learning_rate,
+        "weight_decay": FLAGS.weight_decay, "warmup_steps": FLAGS.warmup_steps, "dropout_rate": FLAGS.dropout_rate,
+        "crop_area_min": FLAGS.crop_area_min, "recipe": FLAGS.recipe, "weights": FLAGS.weights,
+        "precision": FLAGS.precision, "strategy": FLAGS.strategy, "cache": True,
+    }
+    metadata_path = FLAGS.metadata_path or os.path.join(FLAGS.pipeline_root, "metadata.sqlite")
+    local = FLAGS.runner == "local"
+    pipeline = definition.create_pipeline(
+        pipeline_name=FLAGS.pipeline_name, pipeline_root=os.path.abspath(FLAGS.pipeline_root), source=spec,
+        input_fingerprint=input_fingerprint(spec), train_config=train_config, train_steps=FLAGS.train_steps,
+        serving_dir=os.path.abspath(FLAGS.serving_dir) if local else FLAGS.serving_dir,
+        model_name=FLAGS.model_name, dedup_threshold=FLAGS.dedup_threshold,
+        accuracy_threshold=FLAGS.accuracy_threshold, metadata_path=metadata_path if local else None,
+        beam_pipeline_args=beam_args(FLAGS.beam_direct_workers, FLAGS.beam_pipeline_args),
+        enable_cache=FLAGS.enable_cache)
+    return pipeline, spec, metadata_path
+
+
+def main(argv):
+    from absl import flags
+
+    del argv
+    FLAGS = flags.FLAGS
+    pipeline, spec, metadata_path = build_from_flags(FLAGS)
+    if FLAGS.runner == "kubeflow_v2":
+        out = compile_kubeflow_v2(pipeline, FLAGS.kubeflow_output, FLAGS.kubeflow_image)
+        print(f"Wrote the Kubeflow V2 pipeline spec to {out}")
+        return
+    os.makedirs(FLAGS.pipeline_root, exist_ok=True)
+    print(f"Running pipeline {FLAGS.pipeline_name} on {spec.describe()}; artifacts in "
+          f"{os.path.abspath(FLAGS.pipeline_root)}, metadata in {metadata_path}", file=sys.stderr, flush=True)
+    start = time.time()
+    _run_local(pipeline)
+    summary = summarise_run(metadata_path, FLAGS.pipeline_root)
+    summary["seconds"] = round(time.time() - start, 1)
+    if summary["pushed"]:
+        print(f"Pushed to {summary['serving_model_path']} (serve it with models.config in "
+              f"{os.path.abspath(FLAGS.serving_dir)})", file=sys.stderr)
+    else:
+        print(f"Nothing pushed: {summary.get('reason')}", file=sys.stderr)
+    print(json.dumps(summary), flush=True)
+
+
+def run():
+    from absl import app
+
+    _define_flags()
+    app.run(main)
+
+
+if __name__ == "__main__":
+    run()

@@ -1,0 +1,52 @@
+"""The Trainer's module file: `run_fn` trains with keras_vit and writes the serving model.
+
+TFX calls `run_fn(fn_args)`. `fn_args.custom_config` holds `keras_vit.training`
+`TrainConfig` fields (model, model_overrides, image_size, batch_size, learning_rate,
+precision, strategy, ...); `fn_args.train_steps` is the number of optimizer updates.
+The examples are the pipeline's (`image`, `label`, `source_id`), read with the
+same preprocessing and recipes as `python -m keras_vit.train`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+
+from tfx.components.trainer.fn_args_utils import FnArgs
+
+from keras_vit import data, export
+from keras_vit.training import run as training
+
+_NOT_TRAIN_CONFIG = ("model_name",)
+
+
+def _examples_root(file_patterns):
+    # TFX passes `<examples uri>/Split-<name>/*`; the class names sit at the uri.
+    return os.path.dirname(os.path.dirname(file_patterns[0]))
+
+
+def train_config(fn_args: FnArgs) -> training.TrainConfig:
+    config = {k: v for k, v in (fn_args.custom_config or {}).items() if k not in _NOT_TRAIN_CONFIG}
+    known = {f.name for f in dataclasses.fields(training.TrainConfig)}
+    unknown = sorted(set(config) - known)
+    if unknown:
+        raise ValueError(f"custom_config keys {unknown} are not TrainConfig fields ({sorted(known)})")
+    config.update(dataset=None, train_split="train", eval_split="eval", steps=int(fn_args.train_steps),
+                  epochs=None, output_dir=fn_args.model_run_dir, eval_every=0)
+    config.setdefault("verbose", 2)
+    return training.TrainConfig(**config)
+
+
+def run_fn(fn_args: FnArgs) -> None:
+    from pipeline import components
+
+    class_names = components.read_class_names(_examples_root(fn_args.train_files))
+    source = data.TFRecordSource("pipeline_examples", {"train": fn_args.train_files, "eval": fn_args.eval_files},
+                                 class_names)
+    cfg = train_config(fn_args)
+    result = training.train(cfg, source=source)
+    export.write_saved_model(result["model_obj"], fn_args.serving_model_dir, class_names=class_names,
+                             model_name=(fn_args.custom_config or {}).get("model_name", "model"))
+    metrics = {k: v for k, v in result.items() if k.startswith("eval_")}
+    print(f"Trainer: {json.dumps(metrics)}; serving model in {fn_args.serving_model_dir}", flush=True)
