@@ -14,8 +14,10 @@ env:
 test: env
 	$(PY) -m pytest $(PYTEST_ARGS)
 
+# The TFX pipeline on Fashion-MNIST, from ingestion to a model pushed to saved_models/vit/.
+RUN_ARGS ?=
 run: env
-	$(PY) -m keras_vit.zoo --output_dir=saved_models/zoo
+	$(PY) -m pipeline.run $(RUN_ARGS)
 
 # Re-resolve the lock after editing requirements/requirements.in (about 20 s).
 lock: env

@@ -34,7 +34,7 @@ PUSH_RECORD = os.path.join("assets.extra", "keras_vit_push.json")
 class DedupReport(artifact.Artifact):
     """`report.json` (counts and pairs), `pairs.csv` and `contact_sheet.png`."""
 
-    TYPE_NAME = "KerasVitDedupReport"
+    TYPE_NAME = "keras_vit.DedupReport"  # <namespace>.<Name>, as Kubeflow V2 schema titles need
 
 
 class DataValidationError(RuntimeError):
@@ -269,6 +269,14 @@ def _tree_digest(root: str) -> str:
     return digest.hexdigest()
 
 
+def _copy_tree(src: str, dst: str) -> None:
+    for dirpath, _, filenames in tf.io.gfile.walk(src):
+        out = os.path.join(dst, os.path.relpath(dirpath, src))
+        tf.io.gfile.makedirs(out)
+        for name in filenames:
+            tf.io.gfile.copy(os.path.join(dirpath, name), os.path.join(out, name), overwrite=True)
+
+
 def pushed_versions(base: str) -> Dict[int, dict]:
     """version -> push record of the versions under a model's serving directory."""
     out = {}
@@ -309,7 +317,9 @@ def ServingPusher(  # noqa: N802
     """Copies a blessed model's SavedModel to `serving_dir/model_name/<next version>/`."""
     from keras_vit import export
 
-    base = os.path.join(os.path.abspath(serving_dir), model_name)
+    if "://" not in serving_dir:
+        serving_dir = os.path.abspath(serving_dir)
+    base = os.path.join(serving_dir, model_name)
     src = os.path.join(model.uri, "Format-Serving")
     pushed_model.set_int_custom_property("pushed", 0)
     if not model_blessing.get_int_custom_property("blessed"):
@@ -328,17 +338,23 @@ def ServingPusher(  # noqa: N802
     tf.io.gfile.makedirs(base)
     version = max([int(d.rstrip("/")) for d in tf.io.gfile.listdir(base) if d.rstrip("/").isdigit()], default=0) + 1
     final = os.path.join(base, str(version))
-    staging = tempfile.mkdtemp(prefix=f".{version}-", dir=base)  # TF Serving must not see a partial copy
-    try:
-        shutil.rmtree(staging)
-        shutil.copytree(src, staging)
-        os.makedirs(os.path.join(staging, "assets.extra"), exist_ok=True)
-        with open(os.path.join(staging, PUSH_RECORD), "w") as f:
-            json.dump({"digest": digest, "model_uri": model.uri}, f)
-        os.rename(staging, final)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    export.write_models_config(os.path.abspath(serving_dir))
+    record = json.dumps({"digest": digest, "model_uri": model.uri})
+    if "://" in base:  # object stores have no directory rename: copy into place
+        _copy_tree(src, final)
+        with tf.io.gfile.GFile(os.path.join(final, PUSH_RECORD), "w") as f:
+            f.write(record)
+    else:
+        staging = tempfile.mkdtemp(prefix=f".{version}-", dir=base)  # TF Serving must not see a partial copy
+        try:
+            shutil.rmtree(staging)
+            shutil.copytree(src, staging)
+            os.makedirs(os.path.join(staging, "assets.extra"), exist_ok=True)
+            with open(os.path.join(staging, PUSH_RECORD), "w") as f:
+                f.write(record)
+            os.rename(staging, final)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+        export.write_models_config(serving_dir)
     pushed_model.set_int_custom_property("pushed", 1)
     pushed_model.set_string_custom_property("pushed_destination", final)
     pushed_model.set_int_custom_property("pushed_version", version)

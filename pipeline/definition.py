@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import os
 from typing import List, Optional
@@ -17,7 +18,10 @@ from tfx import v1 as tfx
 
 from pipeline import components, ingest
 
-MODULE_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "trainer_module.py")
+# A module path rather than a module file: TFX then builds no wheel, and the same
+# spec runs wherever keras_vit is installed (the Kubeflow image).
+RUN_FN = "pipeline.trainer_module.run_fn"
+_CODE_DIRS = ("keras_vit", "pipeline")
 TOP1, TOP5 = "sparse_categorical_accuracy", "sparse_top_k_categorical_accuracy"
 
 
@@ -38,6 +42,19 @@ def eval_config(accuracy_threshold: float) -> tfma.EvalConfig:
                         direction=tfma.MetricDirection.HIGHER_IS_BETTER, absolute={"value": -1e-10}))),
             tfma.MetricConfig(class_name="SparseTopKCategoricalAccuracy", config=json.dumps({"k": 5})),
         ])])
+
+
+def code_digest() -> str:
+    """A digest of the package sources: the Trainer's cache key changes with the code."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    digest = hashlib.sha256()
+    for d in _CODE_DIRS:
+        for dirpath, dirnames, filenames in os.walk(os.path.join(root, d)):
+            dirnames[:] = sorted(n for n in dirnames if n != "__pycache__")
+            for name in sorted(n for n in filenames if n.endswith(".py")):
+                with open(os.path.join(dirpath, name), "rb") as f:
+                    digest.update(name.encode() + f.read())
+    return digest.hexdigest()[:16]
 
 
 def create_pipeline(
@@ -73,12 +90,12 @@ def create_pipeline(
     dedup = components.Dedup(examples=example_gen.outputs["examples"], threshold=dedup_threshold)
     dedup.add_upstream_node(gate)
     trainer = tfx.components.Trainer(
-        module_file=MODULE_FILE,
+        run_fn=RUN_FN,
         examples=dedup.outputs["deduplicated_examples"],
         schema=curate.outputs["curated_schema"],
         train_args=tfx.proto.TrainArgs(splits=["train"], num_steps=int(train_steps)),
         eval_args=tfx.proto.EvalArgs(splits=["eval"]),
-        custom_config={**train_config, "model_name": model_name})
+        custom_config={**train_config, "model_name": model_name, "code_digest": code_digest()})
     baseline = tfx.dsl.Resolver(
         strategy_class=tfx.dsl.experimental.LatestBlessedModelStrategy,
         model=tfx.dsl.Channel(type=tfx.types.standard_artifacts.Model),

@@ -198,7 +198,7 @@ def _define_flags():
     flags.DEFINE_string("weights", None, "Checkpoint to start from (with --recipe=finetune).")
     flags.DEFINE_string("precision", "auto", "auto, float32, mixed_bfloat16 or mixed_float16.")
     flags.DEFINE_string("strategy", "auto", "tf.distribute strategy for the Trainer.")
-    flags.DEFINE_string("pipeline_name", "keras_vit", "Pipeline name.")
+    flags.DEFINE_string("pipeline_name", "keras-vit", "Pipeline name ([a-z0-9][a-z0-9-]*, as Kubeflow needs).")
     flags.DEFINE_string("pipeline_root", "runs/pipeline", "Where artifacts go.")
     flags.DEFINE_string("metadata_path", None, "SQLite ML Metadata file (default <pipeline_root>/metadata.sqlite).")
     flags.DEFINE_string("serving_dir", "saved_models", "Pushed models go to <serving_dir>/<model_name>/<version>/.")

@@ -1,4 +1,4 @@
-"""The Trainer's module file: `run_fn` trains with keras_vit and writes the serving model.
+"""The Trainer's code: `run_fn` trains with keras_vit and writes the serving model.
 
 TFX calls `run_fn(fn_args)`. `fn_args.custom_config` holds `keras_vit.training`
 `TrainConfig` fields (model, model_overrides, image_size, batch_size, learning_rate,
@@ -18,7 +18,7 @@ from tfx.components.trainer.fn_args_utils import FnArgs
 from keras_vit import data, export
 from keras_vit.training import run as training
 
-_NOT_TRAIN_CONFIG = ("model_name",)
+_NOT_TRAIN_CONFIG = ("model_name", "code_digest")
 
 
 def _examples_root(file_patterns):

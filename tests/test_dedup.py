@@ -1,38 +1,13 @@
 """pipeline.dedup on copies planted among real Fashion-MNIST images."""
 
-import io
 import os
 
 import numpy as np
 import pytest
-from PIL import Image
 
 from keras_vit import fashion_mnist
 from pipeline import dedup
-
-KINDS = ("exact", "resize_2x", "jpeg_75", "brightness_10", "crop_1px")
-
-
-def png(a):
-    buf = io.BytesIO()
-    Image.fromarray(a).save(buf, "PNG")
-    return buf.getvalue()
-
-
-def plant(a, kind):
-    if kind == "exact":
-        return png(a)
-    if kind == "resize_2x":
-        return png(np.asarray(Image.fromarray(a).resize((a.shape[1] * 2, a.shape[0] * 2), Image.BILINEAR)))
-    if kind == "jpeg_75":
-        buf = io.BytesIO()
-        Image.fromarray(a).save(buf, "JPEG", quality=75)
-        return buf.getvalue()
-    if kind == "brightness_10":
-        return png(np.clip(a.astype(np.float32) * 1.1, 0, 255).astype(np.uint8))
-    if kind == "crop_1px":
-        return png(a[1:-1, 1:-1])
-    raise ValueError(kind)
+from planting import KINDS, plant, png
 
 
 @pytest.fixture(scope="module")
@@ -100,3 +75,41 @@ def test_score_is_the_best_crop_correlation():
     assert got[0] == pytest.approx(np.max(refs @ t)) and got[1] == pytest.approx(np.max(other @ t))
     assert got[0] > 0.9 > got[1]
     assert np.argmax(refs @ t) != 0  # a crop of the reference fits better than the whole
+
+
+def _hash(b):
+    try:
+        return dedup.pixel_hash(b)
+    except dedup.BadImageError:
+        return "undecodable"  # the Beam job is to name it
+
+
+def _run_beam(train, refs, tmp_path, threshold=None):
+    import apache_beam as beam
+
+    from pipeline import dedup_beam
+
+    out = str(tmp_path / "pairs")
+    with beam.Pipeline() as p:
+        t = p | "T" >> beam.Create([(f"t{i}", b, _hash(b)) for i, b in enumerate(train)])
+        r = p | "R" >> beam.Create([(f"r{j}", b, _hash(b)) for j, b in enumerate(refs)])
+        _ = ((t, r) | dedup_beam.FindDuplicates(threshold=threshold) | beam.Map(repr)
+             | beam.io.WriteToText(out, num_shards=1))
+    with open(out + "-00000-of-00001") as f:
+        return [eval(line) for line in f]  # noqa: S307  (our own repr of tuples)
+
+
+def test_beam_job_finds_the_same_pairs_as_the_in_memory_api(planted, tmp_path):
+    train, refs, truth, _ = planted
+    expected = {(i, j): s for i, j, s in dedup.find_near_duplicates(train, refs)}
+    got = {(int(t[1:]), int(r[1:])): (s, kind) for t, r, s, kind in _run_beam(train, refs, tmp_path)}
+    assert got.keys() == expected.keys()
+    assert all(abs(got[k][0] - expected[k]) < 1e-6 for k in got)
+    exact = {k for k, (_, kind) in got.items() if kind == "exact"}
+    assert exact == {(i, j) for i, (kind, j) in truth.items() if kind == "exact"}
+
+
+def test_beam_job_names_a_corrupt_record(tmp_path):
+    good = png(np.zeros((8, 8), np.uint8))
+    with pytest.raises(Exception, match=r"train record t1: cannot decode image \(7 bytes\)"):
+        _run_beam([good, b"garbage"], [good], tmp_path)

@@ -1,0 +1,201 @@
+"""The TFX pipeline end to end, through `python -m pipeline.run`, on a few hundred images.
+
+Each run is a fresh process (the CLI users run); the runs share one pipeline root,
+ML Metadata store and serving directory, in order:
+  1. a first run: every component executes, planted copies are removed, a model is pushed;
+  2. the same run again: cached through the Trainer, nothing pushed;
+  3. a worse model (learning rate 0): evaluated, not blessed, not pushed.
+A separate run over TFRecords with a bad label and a missing image stops before training.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from keras_vit import fashion_mnist
+from planting import png, write_image_folder
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+COMPONENTS = ("ImageExampleGen", "StatisticsGen", "SchemaGen", "CurateSchema", "ExampleValidator",
+              "ValidationGate", "Dedup", "Trainer", "latest_blessed_model_resolver", "Evaluator", "ServingPusher")
+SMALL = ["--train_steps=60", "--batch_size=32", "--warmup_steps=10", "--accuracy_threshold=0.2"]
+
+
+def run_pipeline(*flags, check=True):
+    env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2")
+    proc = subprocess.run([sys.executable, "-m", "pipeline.run", *flags], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=900)
+    if check:
+        assert proc.returncode == 0, proc.stderr[-6000:]
+        return json.loads(proc.stdout.strip().splitlines()[-1]), proc
+    return None, proc
+
+
+def executions(metadata_path):
+    """node id -> states of its executions, read from ML Metadata directly."""
+    from ml_metadata.metadata_store import metadata_store
+    from ml_metadata.proto import metadata_store_pb2
+
+    config = metadata_store_pb2.ConnectionConfig()
+    config.sqlite.filename_uri = metadata_path
+    config.sqlite.connection_mode = metadata_store_pb2.SqliteMetadataSourceConfig.READONLY
+    store = metadata_store.MetadataStore(config)
+    out = {}
+    for ctx in store.get_contexts_by_type("node"):
+        out[ctx.name.split(".", 1)[1]] = [metadata_store_pb2.Execution.State.Name(e.last_known_state)
+                                          for e in store.get_executions_by_context(ctx.id)]
+    return out
+
+
+@pytest.fixture(scope="module")
+def fmnist():
+    if not os.path.exists(os.path.join(fashion_mnist.DEFAULT_DIR, "t10k-images-idx3-ubyte.gz")):
+        pytest.skip("dataset-fashion-mnist not installed (make test installs it)")
+    return fashion_mnist.load_arrays("train"), fashion_mnist.load_arrays("test")
+
+
+@pytest.fixture(scope="module")
+def runs(fmnist, tmp_path_factory):
+    (train_x, train_y), (test_x, test_y) = fmnist
+    base = tmp_path_factory.mktemp("pipeline")
+    images = str(base / "images")
+    planted = write_image_folder(images, train_x, train_y, test_x, test_y, fashion_mnist.CLASS_NAMES)
+    common = [f"--image_dir={images}", f"--pipeline_root={base / 'root'}", f"--serving_dir={base / 'serving'}",
+              "--model_name=fmnist"]
+    first = run_pipeline(*common, *SMALL)
+    second = run_pipeline(*common, *SMALL)
+    worse = run_pipeline(*common, *[f for f in SMALL if "accuracy" not in f], "--learning_rate=0",
+                         "--accuracy_threshold=0")
+    return {"base": base, "planted": planted, "first": first, "second": second, "worse": worse,
+            "metadata": str(base / "root" / "metadata.sqlite")}
+
+
+def test_first_run_executes_every_component_and_pushes(runs):
+    summary, proc = runs["first"]
+    assert set(summary["executions"]) == set(COMPONENTS)
+    assert set(summary["executions"].values()) == {"COMPLETE"}
+    assert summary["pushed"] is True
+    assert summary["serving_model_path"] == str(runs["base"] / "serving" / "fmnist" / "1")
+    assert 0.2 <= summary["accuracy"] <= 1.0
+    assert summary["pipeline_root"] == str(runs["base"] / "root")
+    for name in ("ImageExampleGen", "Dedup", "Trainer", "Evaluator", "ServingPusher"):
+        assert f"] {name} done in" in proc.stderr  # progress per component
+    assert os.path.exists(runs["base"] / "serving" / "models.config")
+
+
+def test_mlmd_holds_the_executions_of_every_component(runs):
+    states = executions(runs["metadata"])
+    assert set(COMPONENTS) <= set(states)
+    for name in COMPONENTS:
+        assert "COMPLETE" in states[name], (name, states[name])
+
+
+def test_planted_copies_were_removed(runs):
+    summary, _ = runs["first"]
+    report_dirs = sorted((runs["base"] / "root" / "Dedup" / "report").iterdir(), key=lambda p: int(p.name))
+    report = json.loads((report_dirs[0] / "report.json").read_text())
+    removed = {p["train_id"] for p in report["pairs"]}
+    planted = runs["planted"]
+    assert removed >= set(planted), sorted(set(planted) - removed)
+    assert len(removed - set(planted)) <= 3  # Fashion-MNIST holds a few real near-copies
+    by_split = {"test": sum(v[1] == "test" for v in planted.values()),
+                "eval": sum(v[1] == "eval" for v in planted.values())}
+    for split, n in by_split.items():
+        assert summary["dedup"][split] >= n
+    kinds = report["pairs_by_split_and_kind"]["test"]
+    assert kinds["exact"] >= 4 and kinds["near"] >= 16
+    assert (report_dirs[0] / "contact_sheet.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # The Trainer's data no longer holds them; eval and test pass unchanged.
+    deduped = sorted((runs["base"] / "root" / "Dedup" / "deduplicated_examples").iterdir())[0]
+    ids = set()
+    spec = {"source_id": tf.io.FixedLenFeature([], tf.string)}
+    for r in tf.data.TFRecordDataset(tf.io.gfile.glob(str(deduped / "Split-train" / "*")), "GZIP"):
+        ids.add(tf.io.parse_single_example(r, spec)["source_id"].numpy().decode())
+    assert not ids & set(planted)
+    assert len(ids) == 300 + len(planted) - len(removed)
+
+
+def test_pushed_model_loads_and_predicts(runs):
+    summary, _ = runs["first"]
+    code = (
+        "import sys, tensorflow as tf\n"
+        "m = tf.saved_model.load(sys.argv[1])\n"
+        "out = m.signatures['serving_default'](image_bytes=tf.constant([open(sys.argv[2], 'rb').read()]))\n"
+        "print(out['class_names'].numpy()[0].decode(), float(tf.reduce_sum(out['probabilities'])))\n")
+    image = next(p for p in runs["planted"] if p.endswith(".png"))
+    proc = subprocess.run([sys.executable, "-c", code, summary["serving_model_path"],
+                           os.path.join(runs["base"], "images", image)],
+                          capture_output=True, text=True, timeout=300, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    name, total = proc.stdout.strip().split("\t")
+    assert name in os.listdir(os.path.join(runs["base"], "images", "train"))  # folder names are the classes
+    assert abs(float(total) - 1.0) < 1e-4
+
+
+def test_second_run_reuses_the_cache_and_pushes_nothing(runs):
+    summary, _ = runs["second"]
+    for name in COMPONENTS[:COMPONENTS.index("Trainer") + 1]:
+        assert summary["executions"][name] == "CACHED", (name, summary["executions"])
+    assert summary["pushed"] is False
+    assert "already served as version 1" in summary["reason"]
+    assert sorted(os.listdir(runs["base"] / "serving" / "fmnist")) == ["1"]
+
+
+def test_worse_model_is_not_pushed(runs):
+    summary, proc = runs["worse"]
+    assert summary["executions"]["Trainer"] == "COMPLETE"
+    assert summary["executions"]["Evaluator"] == "COMPLETE"
+    assert summary["pushed"] is False
+    assert summary["reason"].startswith("not blessed")
+    assert "sparse_categorical_accuracy" in summary["reason"]
+    assert summary["accuracy"] < runs["first"][0]["accuracy"]
+    assert sorted(os.listdir(runs["base"] / "serving" / "fmnist")) == ["1"]
+
+
+def _example(image, label):
+    feature = {"label": tf.train.Feature(int64_list=tf.train.Int64List(value=[label]))}
+    if image is not None:
+        feature["image"] = tf.train.Feature(bytes_list=tf.train.BytesList(value=[image]))
+    return tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString()
+
+
+def test_anomalies_stop_the_run_before_training(fmnist, tmp_path):
+    (train_x, train_y), _ = fmnist
+    records = [_example(png(train_x[i]), int(train_y[i]) % 2) for i in range(60)]
+    bad = records[:30] + [_example(png(train_x[70]), 7), _example(None, 1)] + records[30:]
+    for name, rows in (("train", bad), ("eval", records[:20])):
+        with tf.io.TFRecordWriter(str(tmp_path / f"{name}.tfrecord")) as w:
+            for r in rows:
+                w.write(r)
+    _, proc = run_pipeline(f"--tfrecords=train={tmp_path / 'train.tfrecord'},eval={tmp_path / 'eval.tfrecord'}",
+                           "--class_names=even,odd", f"--pipeline_root={tmp_path / 'root'}",
+                           f"--serving_dir={tmp_path / 'serving'}", "--train_steps=2", check=False)
+    assert proc.returncode != 0
+    assert "data validation found anomalies; the run stops before training" in proc.stderr
+    assert "train: feature 'label'" in proc.stderr
+    assert "train: feature 'image'" in proc.stderr
+    states = executions(str(tmp_path / "root" / "metadata.sqlite"))
+    assert "Trainer" not in states and "Dedup" not in states
+    assert not os.path.exists(tmp_path / "serving")
+
+
+def test_kubeflow_v2_spec_compiles(tmp_path):
+    out = tmp_path / "spec.json"
+    _, proc = run_pipeline("--runner=kubeflow_v2", f"--kubeflow_output={out}", "--dataset=fashion_mnist_local/mini",
+                           "--pipeline_root=gs://bucket/root", "--serving_dir=gs://bucket/serving", check=False)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert f"Wrote the Kubeflow V2 pipeline spec to {out}" in proc.stdout
+    spec = json.loads(out.read_text())
+    tasks = spec["pipelineSpec"]["root"]["dag"]["tasks"]
+    for name in COMPONENTS[:-3] + COMPONENTS[-2:]:
+        assert name in tasks, (name, sorted(tasks))
+    assert any(t.startswith("latest_blessed_model_resolver") for t in tasks)
+    assert "ValidationGate" in tasks["Dedup"]["dependentTasks"]
+    executors = spec["pipelineSpec"]["deploymentSpec"]["executors"]
+    assert {e["container"]["image"] for e in executors.values() if "container" in e} == {"keras-vit:latest"}
+    assert not os.path.exists(os.path.join(ROOT, "gs:"))  # compiling writes nothing to the pipeline root
