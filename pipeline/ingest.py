@@ -144,8 +144,8 @@ def tfds_class_names(builder):
     keys = builder.info.supervised_keys or ("image", "label")
     image_key, label_key = keys[0], keys[1]
     features = builder.info.features
-    if not isinstance(features.get(image_key), tfds.features.Image) or not isinstance(
-            features.get(label_key), tfds.features.ClassLabel):
+    if image_key not in features or label_key not in features or not isinstance(
+            features[image_key], tfds.features.Image) or not isinstance(features[label_key], tfds.features.ClassLabel):
         raise ValueError(f"{builder.name}: supervised keys {keys} are not an image and a class label")
     return image_key, label_key, list(features[label_key].names)
 

@@ -90,20 +90,23 @@ class _Progress(logging.Handler):
 
 
 def _run_local(pipeline) -> None:
-    from absl import logging as absl_logging
     from tfx import v1 as tfx
 
     logger = logging.getLogger("absl")
     handler = _Progress(len(pipeline.components))
-    previous = logger.level
-    absl_logging.get_absl_handler().setLevel(logging.WARNING)
-    logger.setLevel(logging.INFO)
+    _quiet_absl()
+    logger.setLevel(logging.INFO)  # INFO reaches the progress handler, not the console
     logger.addHandler(handler)
     try:
         tfx.orchestration.LocalDagRunner().run(pipeline)
     finally:
         logger.removeHandler(handler)
-        logger.setLevel(previous)
+
+
+def _quiet_absl():
+    from absl import logging as absl_logging
+
+    absl_logging.get_absl_handler().setLevel(logging.WARNING)
 
 
 def summarise_run(metadata_path: str, pipeline_root: str) -> dict:
@@ -253,6 +256,7 @@ def main(argv):
 
     del argv
     FLAGS = flags.FLAGS
+    _quiet_absl()
     pipeline, spec, metadata_path = build_from_flags(FLAGS)
     if FLAGS.runner == "kubeflow_v2":
         out = compile_kubeflow_v2(pipeline, FLAGS.kubeflow_output, FLAGS.kubeflow_image)

@@ -126,7 +126,7 @@ def test_pushed_model_loads_and_predicts(runs):
         "import sys, tensorflow as tf\n"
         "m = tf.saved_model.load(sys.argv[1])\n"
         "out = m.signatures['serving_default'](image_bytes=tf.constant([open(sys.argv[2], 'rb').read()]))\n"
-        "print(out['class_names'].numpy()[0].decode(), float(tf.reduce_sum(out['probabilities'])))\n")
+        "print(out['class_names'].numpy()[0].decode(), float(tf.reduce_sum(out['probabilities'])), sep='\\t')\n")
     image = next(p for p in runs["planted"] if p.endswith(".png"))
     proc = subprocess.run([sys.executable, "-c", code, summary["serving_model_path"],
                            os.path.join(runs["base"], "images", image)],

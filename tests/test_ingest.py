@@ -1,0 +1,161 @@
+"""pipeline.ingest: the records, the source layouts and their errors (no TFX run)."""
+
+import os
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from pipeline import dedup, ingest
+from planting import png
+
+
+def test_make_example_holds_every_field_and_the_pixel_hash():
+    image = png(np.arange(64, dtype=np.uint8).reshape(8, 8))
+    ex = ingest.make_example(image, 3, "dress", "train/dress/a.png")
+    assert ingest.feature_bytes(ex, ingest.IMAGE) == image
+    assert ingest.feature_int(ex, ingest.LABEL) == 3
+    assert ingest.feature_bytes(ex, ingest.LABEL_NAME) == b"dress"
+    assert ingest.feature_bytes(ex, ingest.SOURCE_ID) == b"train/dress/a.png"
+    assert ingest.feature_bytes(ex, ingest.HASH).decode() == dedup.pixel_hash(image)
+
+
+def test_eval_slice_is_stable_and_about_the_asked_fraction():
+    ids = [f"record-{i}" for i in range(20000)]
+    picked = [ingest.in_eval_slice(i, 10.0) for i in ids]
+    assert picked == [ingest.in_eval_slice(i, 10.0) for i in ids]
+    assert 0.09 < np.mean(picked) < 0.11
+
+
+def test_source_spec_wants_exactly_one_source():
+    with pytest.raises(ValueError, match="exactly one of dataset, image_dir and tfrecords"):
+        ingest.SourceSpec(dataset="cifar10", image_dir="/x")
+    with pytest.raises(ValueError, match="exactly one"):
+        ingest.SourceSpec()
+    with pytest.raises(ValueError, match="needs a 'train' pattern"):
+        ingest.SourceSpec(tfrecords={"eval": "/x/*"})
+    with pytest.raises(ValueError, match="eval_percent"):
+        ingest.SourceSpec(dataset="cifar10", eval_percent=0)
+
+
+def _tree(root, files):
+    for rel, data in files.items():
+        path = os.path.join(root, rel)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "wb") as f:
+            f.write(data)
+
+
+def test_image_folder_layout_maps_validation_to_eval_and_names_classes(tmp_path):
+    img = png(np.zeros((4, 4), np.uint8))
+    _tree(tmp_path, {"train/cat/a.png": img, "train/dog/b.jpg": img, "validation/cat/c.png": img,
+                     "test/bird/d.png": img, "train/dog/notes.txt": b"x"})
+    splits, classes, files = ingest.image_folder_layout(str(tmp_path))
+    assert splits == {"train": "train", "eval": "validation", "test": "test"}
+    assert classes == ["bird", "cat", "dog"]  # the union over splits, sorted
+    assert [os.path.basename(p) for p, _ in files["train"]] == ["a.png", "b.jpg"]
+
+
+def test_image_folder_errors_say_what_is_wrong(tmp_path):
+    with pytest.raises(FileNotFoundError, match="is not a directory"):
+        ingest.image_folder_layout(str(tmp_path / "missing"))
+    (tmp_path / "test").mkdir()
+    with pytest.raises(ValueError, match="needs a train/ folder"):
+        ingest.image_folder_layout(str(tmp_path))
+    (tmp_path / "train" / "cat").mkdir(parents=True)
+    with pytest.raises(ValueError, match="holds no images"):
+        ingest.image_folder_layout(str(tmp_path))
+
+
+def test_a_corrupt_image_file_is_named(tmp_path):
+    _tree(tmp_path, {"train/cat/broken.png": b"\x89PNG\r\n\x1a\nnot really"})
+    entry = (str(tmp_path / "train" / "cat" / "broken.png"), "cat")
+    with pytest.raises(dedup.BadImageError, match=r"train/cat/broken.png: cannot decode image \(18 bytes\)"):
+        ingest._read_image_file(entry, str(tmp_path), {"cat": 0})
+
+
+def _user_record(**features):
+    feature = {}
+    for k, v in features.items():
+        if isinstance(v, int):
+            feature[k] = tf.train.Feature(int64_list=tf.train.Int64List(value=[v]))
+        else:
+            feature[k] = tf.train.Feature(bytes_list=tf.train.BytesList(value=[v]))
+    return tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString()
+
+
+def test_user_records_are_completed_and_incomplete_ones_passed_on():
+    image = png(np.ones((4, 4), np.uint8))
+    full = ingest._complete_record(_user_record(image=image, label=1), ["a", "b"])
+    assert ingest.feature_bytes(full, ingest.LABEL_NAME) == b"b"
+    assert ingest.feature_bytes(full, ingest.SOURCE_ID).startswith(b"tfrecord:")
+    assert ingest.feature_bytes(full, ingest.HASH).decode() == dedup.pixel_hash(image)
+    kept = ingest._complete_record(_user_record(image=image, label=1, source_id=b"mine", label_name=b"B"), None)
+    assert ingest.feature_bytes(kept, ingest.SOURCE_ID) == b"mine"
+    assert ingest.feature_bytes(kept, ingest.LABEL_NAME) == b"B"
+    no_image = ingest._complete_record(_user_record(label=0), ["a", "b"])
+    assert ingest.feature_bytes(no_image, ingest.IMAGE) is None  # for data validation to report
+    assert ingest.feature_int(no_image, ingest.LABEL) == 0
+
+
+def test_class_names_from_the_labels_seen():
+    assert ingest.class_names_from_pairs([(1, "b"), (0, "a"), (3, "d")]) == ["a", "b", "2", "d"]
+    with pytest.raises(ValueError, match="named both 'a' and 'z'"):
+        ingest.class_names_from_pairs([(0, "a"), (0, "z")])
+    with pytest.raises(ValueError, match="no labelled records"):
+        ingest.class_names_from_pairs([])
+
+
+def test_beam_direct_runner_flags():
+    from pipeline import run
+
+    assert run.beam_args(1) == ["--direct_running_mode=in_memory", "--direct_num_workers=1"]
+    assert run.beam_args(4, ["--runner=FlinkRunner"]) == [
+        "--direct_running_mode=multi_processing", "--direct_num_workers=4", "--runner=FlinkRunner"]
+    with pytest.raises(ValueError, match=">= 1"):
+        run.beam_args(0)
+
+
+def _ingest(spec, out_dir):
+    """Runs read_source in Beam; returns split -> list of tf.Example, and the class names."""
+    import apache_beam as beam
+
+    with beam.Pipeline() as p:
+        got = ingest.read_source(p, spec, parallelism=3)
+        for split, pcoll in got.splits.items():
+            _ = (pcoll | f"S{split}" >> beam.Map(lambda ex: ex.SerializeToString())
+                 | f"W{split}" >> beam.io.WriteToTFRecord(os.path.join(out_dir, split)))
+    out = {}
+    for split in got.splits:
+        files = tf.io.gfile.glob(os.path.join(out_dir, split) + "*")
+        out[split] = [tf.train.Example.FromString(r.numpy()) for r in tf.data.TFRecordDataset(files)]
+    return out, got.class_names
+
+
+def test_tfds_source_gives_train_eval_and_test(fake_fmnist, tmp_path):
+    from keras_vit import fashion_mnist
+
+    splits, names = _ingest(ingest.SourceSpec(dataset="fashion_mnist_local", data_dir=fake_fmnist), str(tmp_path))
+    assert names == fashion_mnist.CLASS_NAMES
+    assert sorted(splits) == ["eval", "test", "train"]
+    assert len(splits["train"]) + len(splits["eval"]) == 96 and len(splits["test"]) == 48
+    assert 2 <= len(splits["eval"]) <= 20  # 10% of train, by id hash
+    ids = [ingest.feature_bytes(ex, ingest.SOURCE_ID) for s in splits.values() for ex in s]
+    assert len(set(ids)) == len(ids)
+    ex = splits["test"][0]
+    label = ingest.feature_int(ex, ingest.LABEL)
+    assert ingest.feature_bytes(ex, ingest.LABEL_NAME).decode() == names[label]
+    assert ingest.feature_bytes(ex, ingest.HASH).decode() == dedup.pixel_hash(ingest.feature_bytes(ex, ingest.IMAGE))
+
+
+def test_tfrecord_source_learns_class_names_from_the_data(tmp_path):
+    image = png(np.ones((4, 4), np.uint8))
+    path = str(tmp_path / "train.tfrecord")
+    with tf.io.TFRecordWriter(path) as w:
+        for i in range(40):
+            w.write(_user_record(image=image, label=i % 3, label_name=[b"a", b"b", b"c"][i % 3],
+                                 source_id=f"r{i}".encode()))
+    splits, names = _ingest(ingest.SourceSpec(tfrecords={"train": path}, eval_percent=25), str(tmp_path / "out"))
+    assert names is None  # known after the run, from the (label, name) pairs
+    assert sorted(splits) == ["eval", "train"]
+    assert len(splits["train"]) + len(splits["eval"]) == 40 and splits["eval"]
