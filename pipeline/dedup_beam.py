@@ -41,7 +41,7 @@ class _MeanVector(beam.CombineFn):
 def _thumbs(record, crops, config, kind):
     record_id, image, pixel_hash = record
     gray = dedup.decode_gray(image, f"{kind} record {record_id}")
-    return record_id, dedup.thumbnails(gray, crops, config.thumb), pixel_hash
+    return record_id, dedup.thumbnails(gray, crops, config.thumb, config.band), pixel_hash
 
 
 _LSH_CACHE = {}

@@ -190,7 +190,7 @@ def _define_flags():
     flags.DEFINE_string("model", "ViT-Ti/16", "A keras_vit model name.")
     flags.DEFINE_string("model_overrides", json.dumps(DEFAULT_OVERRIDES), "JSON of ViTConfig overrides.")
     flags.DEFINE_integer("image_size", 28, "Model input size.")
-    flags.DEFINE_integer("train_steps", 1200, "Optimizer updates.")
+    flags.DEFINE_integer("train_steps", 800, "Optimizer updates.")
     flags.DEFINE_integer("batch_size", 256, "Global batch size.")
     flags.DEFINE_float("learning_rate", 3e-3, "Peak learning rate.")
     flags.DEFINE_float("weight_decay", 0.05, "Decoupled weight decay.")
