@@ -24,6 +24,7 @@ the same functions as a Beam job.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import io
 from collections import defaultdict
@@ -91,21 +92,33 @@ def _normalise(v: np.ndarray) -> np.ndarray:
     return v / norm if norm > 1e-6 else np.zeros_like(v)
 
 
+@functools.lru_cache(maxsize=4)
+def band_operator(size: int = THUMB, band: Tuple[float, float] = BAND) -> np.ndarray:
+    """The band-pass as a `[size*size, size*size]` matrix (it is linear): row i is the
+    response to a unit impulse at pixel i. One matmul then filters many thumbnails."""
+    from scipy.ndimage import gaussian_filter
+
+    rows = []
+    for i in range(size * size):
+        impulse = np.zeros(size * size, np.float64)
+        impulse[i] = 1.0
+        impulse = impulse.reshape(size, size)
+        rows.append((gaussian_filter(impulse, band[0], mode="nearest")
+                     - gaussian_filter(impulse, band[1], mode="nearest")).reshape(-1))
+    return np.stack(rows).astype(np.float32)
+
+
 def thumbnails(gray: np.ndarray, crops: Sequence[float], size: int = THUMB,
                band: Tuple[float, float] = BAND) -> np.ndarray:
     """Zero-mean unit-norm band-pass thumbnails `[len(crops), size * size]` of centre
     crops of an image (a flat image gives zeros, which match nothing)."""
-    from scipy.ndimage import gaussian_filter
-
     h, w = gray.shape
-    out = []
+    small = []
     for c in crops:
         ch, cw = max(int(round(h * c)), 1), max(int(round(w * c)), 1)
         top, left = (h - ch) // 2, (w - cw) // 2
-        t = _resize(gray[top:top + ch, left:left + cw], size)
-        t = gaussian_filter(t, band[0], mode="nearest") - gaussian_filter(t, band[1], mode="nearest")
-        out.append(_normalise(t.reshape(-1)))
-    return np.stack(out)
+        small.append(_resize(gray[top:top + ch, left:left + cw], size).reshape(-1))
+    return np.stack([_normalise(t) for t in np.stack(small) @ band_operator(size, tuple(band))])
 
 
 class LSH:

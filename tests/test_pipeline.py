@@ -95,6 +95,17 @@ def test_mlmd_holds_the_executions_of_every_component(runs):
         assert "COMPLETE" in states[name], (name, states[name])
 
 
+def test_statistics_include_image_statistics(runs):
+    from tensorflow_metadata.proto.v0 import statistics_pb2
+
+    (stats_dir,) = (runs["base"] / "root" / "StatisticsGen" / "statistics").iterdir()
+    stats = statistics_pb2.DatasetFeatureStatisticsList.FromString(
+        (stats_dir / "Split-train" / "FeatureStats.pb").read_bytes())
+    features = {f.path.step[0]: f for f in stats.datasets[0].features}
+    assert set(features) == {"image", "label", "label_name", "source_id", "hash"}
+    assert "image_format_histogram" in {c.name for c in features["image"].custom_stats}
+
+
 def test_planted_copies_were_removed(runs):
     summary, _ = runs["first"]
     report_dirs = sorted((runs["base"] / "root" / "Dedup" / "report").iterdir(), key=lambda p: int(p.name))
