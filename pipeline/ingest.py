@@ -123,19 +123,21 @@ def _read_tfds_part(part: str, name: str, data_dir: Optional[str], image_key: st
         yield make_example(ex[image_key], label, class_names[label], source_id)
 
 
-def tfds_splits(builder) -> Dict[str, str]:
-    """Output split -> TFDS split of the source ('eval' may be missing: carve it)."""
-    names = list(builder.info.splits.keys())
+def output_splits(names: Sequence[str], what: str) -> Dict[str, str]:
+    """Output split -> the source's split of that role ('eval' may be missing: carve it)."""
     if "train" not in names:
-        raise ValueError(f"{builder.name} has no train split (it has {names})")
+        raise ValueError(f"{what} has no train split (it has {sorted(names)})")
     out = {"train": "train"}
-    for n in _EVAL_NAMES:
-        if n in names:
-            out["eval"] = n
-            break
+    eval_name = next((n for n in _EVAL_NAMES if n in names), None)
+    if eval_name:
+        out["eval"] = eval_name
     if "test" in names:
         out["test"] = "test"
     return out
+
+
+def tfds_splits(builder) -> Dict[str, str]:
+    return output_splits(list(builder.info.splits.keys()), builder.name)
 
 
 def tfds_class_names(builder):
@@ -160,13 +162,7 @@ def image_folder_layout(root: str):
     folders = sorted(d for d in os.listdir(root) if os.path.isdir(os.path.join(root, d)))
     if "train" not in folders:
         raise ValueError(f"image_dir {root} needs a train/ folder (it has {folders})")
-    splits = {"train": "train"}
-    for n in _EVAL_NAMES:
-        if n in folders:
-            splits["eval"] = n
-            break
-    if "test" in folders:
-        splits["test"] = "test"
+    splits = output_splits(folders, f"image_dir {root}")
     files, labels = {}, set()
     for folder in splits.values():
         entries = []
