@@ -109,17 +109,24 @@ def _quiet_absl():
     absl_logging.get_absl_handler().setLevel(logging.WARNING)
 
 
-def summarise_run(metadata_path: str, pipeline_root: str) -> dict:
-    """What the latest run in `metadata_path` did, from ML Metadata."""
+def summarise_run(metadata_path: str, pipeline_root: str, pipeline_name: str) -> dict:
+    """What the latest run of `pipeline_name` in `metadata_path` did, from ML Metadata."""
     import tensorflow_model_analysis as tfma
     from ml_metadata.metadata_store import metadata_store
     from ml_metadata.proto import metadata_store_pb2
     from tfx import v1 as tfx
 
     store = metadata_store.MetadataStore(tfx.orchestration.metadata.sqlite_metadata_connection_config(metadata_path))
-    runs = store.get_contexts_by_type("pipeline_run")
+    pipeline_ctx = store.get_context_by_type_and_name("pipeline", pipeline_name)
+    runs = {}
+    if pipeline_ctx is not None:  # a store may hold several pipelines: only this one's runs
+        for execution in store.get_executions_by_context(pipeline_ctx.id):
+            for ctx in store.get_contexts_by_execution(execution.id):
+                if ctx.type == "pipeline_run":
+                    runs[ctx.id] = ctx
+    runs = list(runs.values())
     if not runs:
-        raise RuntimeError(f"no pipeline run in {metadata_path}")
+        raise RuntimeError(f"no run of pipeline {pipeline_name} in {metadata_path}")
     run = max(runs, key=lambda c: (c.create_time_since_epoch, c.id))
     nodes = {}
     for execution in store.get_executions_by_context(run.id):
@@ -267,7 +274,7 @@ def main(argv):
           f"{os.path.abspath(FLAGS.pipeline_root)}, metadata in {metadata_path}", file=sys.stderr, flush=True)
     start = time.time()
     _run_local(pipeline)
-    summary = summarise_run(metadata_path, FLAGS.pipeline_root)
+    summary = summarise_run(metadata_path, FLAGS.pipeline_root, FLAGS.pipeline_name)
     summary["seconds"] = round(time.time() - start, 1)
     if summary["pushed"]:
         print(f"Pushed to {summary['serving_model_path']} (serve it with models.config in "
