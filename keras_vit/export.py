@@ -34,9 +34,10 @@ def _model_image_shape(model):
     return tuple(shape[1:3]), shape[3]
 
 
-def _next_version(base: str) -> int:
-    versions = [int(d) for d in os.listdir(base) if d.isdigit()] if os.path.isdir(base) else []
-    return max(versions, default=0) + 1
+def next_version(base: str) -> int:
+    """One more than the highest integer version directory under `base` (1 if none)."""
+    names = [d.rstrip("/") for d in tf.io.gfile.listdir(base)] if tf.io.gfile.isdir(base) else []
+    return max([int(d) for d in names if d.isdigit()], default=0) + 1
 
 
 class _ServingGraph:
@@ -115,7 +116,7 @@ def export_saved_model(
     Returns:
       The version directory written.
     """
-    version = _next_version(path) if version is None else int(version)
+    version = next_version(path) if version is None else int(version)
     final = os.path.join(path, str(version))
     if os.path.exists(final):
         raise FileExistsError(f"{final} exists; TF Serving versions are immutable, pick another version")

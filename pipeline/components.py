@@ -240,13 +240,12 @@ def Dedup(  # noqa: N802
         for name in tf.io.gfile.listdir(src):
             tf.io.gfile.copy(os.path.join(src, name), os.path.join(dst, name), overwrite=True)
     class_names = read_class_names(examples.uri)
-    counts = json.loads(examples.get_string_custom_property("split_counts") or "{}")
-    counts["train"] = _counter(result, "records_train")
-    _set_examples_properties(deduplicated_examples, splits, class_names, counts)
+    before = json.loads(examples.get_string_custom_property("split_counts") or "{}")
+    _set_examples_properties(deduplicated_examples, splits, class_names,
+                             {**before, "train": _counter(result, "records_train")})
     summary = report_lib.write_report(
         report.uri, pairs_prefix, examples_uri=examples.uri, references=references,
-        train_count=json.loads(examples.get_string_custom_property("split_counts") or "{}").get("train"),
-        threshold=threshold, sheet_pairs=contact_sheet_pairs)
+        train_count=before.get("train"), threshold=threshold, sheet_pairs=contact_sheet_pairs)
     report.set_string_custom_property("removed", json.dumps(summary["removed_by_split"]))
     report.set_int_custom_property("removed_total", summary["removed_total"])
     print(f"Dedup: removed {summary['removed_total']} training images "
@@ -336,7 +335,7 @@ def ServingPusher(  # noqa: N802
             print(f"ServingPusher: {reason} ({os.path.join(base, str(version))}); nothing pushed", flush=True)
             return
     tf.io.gfile.makedirs(base)
-    version = max([int(d.rstrip("/")) for d in tf.io.gfile.listdir(base) if d.rstrip("/").isdigit()], default=0) + 1
+    version = export.next_version(base)
     final = os.path.join(base, str(version))
     record = json.dumps({"digest": digest, "model_uri": model.uri})
     if "://" in base:  # object stores have no directory rename: copy into place

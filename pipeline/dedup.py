@@ -177,7 +177,7 @@ def find_near_duplicates(train_images: Sequence[bytes], reference_images: Sequen
     Args:
       train_images, reference_images: encoded images (PNG, JPEG, ...).
       threshold: correlation at or above which a pair is a duplicate; None means the
-        tuned default (0.985).
+        tuned default (0.99).
 
     Returns:
       `(train_index, reference_index, score)` for every duplicate pair, sorted; exact
