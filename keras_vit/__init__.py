@@ -4,6 +4,10 @@ from keras_vit.checkpoints import CheckpointError, inspect_checkpoint, interpola
 from keras_vit.configs import MODEL_CONFIGS, ResNetConfig, ViTConfig, get_config, list_models
 from keras_vit.vit import VisionTransformer, create_model
 
+# A trained model.keras holds its compiled optimizer, whose schedule and loss are ours:
+# registering them here lets `keras.saving.load_model` read it after `import keras_vit`.
+from keras_vit.training import recipes as _recipes  # noqa: E402,F401
+
 __version__ = "0.1.0"
 
 __all__ = [

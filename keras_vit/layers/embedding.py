@@ -121,6 +121,14 @@ class PositionEmbedding(keras.layers.Layer):
             return tokens + ops.cast(self._table, tokens.dtype)
         return tokens
 
+    def table(self):
+        """What is added to each token, `[T, D]` numpy; None for "none" and "relative"."""
+        if self.kind == "learned":
+            return np.asarray(keras.ops.convert_to_numpy(self.embedding))[0]
+        if self.kind == "sincos2d":
+            return self._table[0]
+        return None
+
     def compute_output_shape(self, input_shape):
         return input_shape
 

@@ -1,0 +1,110 @@
+"""The paper's figures from a trained model or a checkpoint: `python -m keras_vit.visualize`.
+
+    python -m keras_vit.visualize rollout  --model=runs/fmnist/model.keras --images=dataset:fashion_mnist_local:test
+    python -m keras_vit.visualize posemb   --model=ViT-B_16.npz
+    python -m keras_vit.visualize filters  --model=ViT-B_16.npz --num_filters=28
+    python -m keras_vit.visualize distance --model=ViT-B_16.npz --images=skimage:astronaut,skimage:chelsea
+
+Several commands may be given at once (`rollout posemb filters distance`). --model is a `.keras` file or a checkpoint (official `.npz` or a Hugging Face
+directory). Each command writes a PNG and the numbers behind it (`.npy`) to
+--output_dir and prints where.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+from absl import app, flags
+
+COMMANDS = ("rollout", "posemb", "filters", "distance")
+
+FLAGS = flags.FLAGS
+flags.DEFINE_string("model", None, "A .keras file, an official .npz or a Hugging Face ViT directory.")
+flags.DEFINE_integer("image_size", None, "Resolution for a checkpoint (position embeddings are interpolated).")
+flags.DEFINE_list("images", [], "Image files, folders, globs, skimage:<name> or dataset:<tfds name>:<split>.")
+flags.DEFINE_integer("max_images", 8, "Use at most this many images.")
+flags.DEFINE_integer("num_filters", 28, "Principal components to show for `filters`.")
+flags.DEFINE_string("output_dir", "reports/visualize", "Where the PNGs and .npy files go.")
+flags.DEFINE_integer("batch_size", 16, "Images per forward pass.")
+
+
+def load_model(path: str, image_size=None):
+    """A `.keras` file, or a checkpoint whose architecture is read from its tensors."""
+    import keras
+
+    import keras_vit
+
+    if path.endswith(".keras"):
+        if image_size is not None:
+            raise ValueError("--image_size applies to checkpoints; a .keras model keeps its own size")
+        if not os.path.exists(path):
+            raise FileNotFoundError(f"no model at {path}")
+        model = keras.saving.load_model(path)
+        if not isinstance(model, keras_vit.VisionTransformer):
+            raise TypeError(f"{path} holds a {type(model).__name__}, not a keras_vit VisionTransformer")
+        return model
+    return keras_vit.create_model(None, weights=path, image_size=image_size)
+
+
+def _images(model):
+    from keras_vit.visualize.images import load_images
+
+    if not FLAGS.images:
+        raise app.UsageError("this command needs --images")
+    cfg = model.config
+    images, names = load_images(FLAGS.images, cfg.image_size, cfg.num_channels, FLAGS.max_images)
+    print(f"Read {len(images)} image(s) at {cfg.image_size[0]}x{cfg.image_size[1]}", flush=True)
+    return images, names
+
+
+def _write(stem: str, numbers: np.ndarray, figure) -> None:
+    os.makedirs(FLAGS.output_dir, exist_ok=True)
+    npy = os.path.join(FLAGS.output_dir, f"{stem}.npy")
+    np.save(npy, numbers)
+    png = figure(os.path.join(FLAGS.output_dir, f"{stem}.png"))
+    print(f"Wrote {png}\n      {npy} {list(numbers.shape)}")
+
+
+def main(argv):
+    from keras_vit import visualize as vis
+
+    commands = argv[1:]
+    unknown = [c for c in commands if c not in COMMANDS]
+    if not commands or unknown:
+        raise app.UsageError(f"usage: python -m keras_vit.visualize {{{','.join(COMMANDS)}}}... --model=..."
+                             + (f" (unknown: {' '.join(unknown)})" if unknown else ""))
+    if not FLAGS.model:
+        raise app.UsageError("--model is required")
+    model = load_model(FLAGS.model, FLAGS.image_size)
+    cfg = model.config
+    print(f"Model {cfg.name}: {cfg.num_layers} blocks x {cfg.num_heads} heads, grid {cfg.grid_size[0]}x"
+          f"{cfg.grid_size[1]}, position embedding {cfg.position_embedding}", flush=True)
+    images = names = None
+    if {"rollout", "distance"} & set(commands):
+        images, names = _images(model)
+    for command in commands:
+        _run(vis, command, model, images, names)
+
+
+def _run(vis, command, model, images, names):
+    cfg = model.config
+    if command == "rollout":
+        maps = vis.attention_rollout(model, images, FLAGS.batch_size)
+        _write("rollout", maps, lambda p: vis.plot_rollout(images, maps, p, titles=names))
+    elif command == "posemb":
+        sim = vis.position_embedding_similarity(model)
+        _write("posemb_similarity", sim, lambda p: vis.plot_position_similarity(sim, p))
+    elif command == "filters":
+        filters = vis.embedding_filters(model, FLAGS.num_filters)
+        _write("embedding_filters", filters, lambda p: vis.plot_filters(filters, p))
+    else:
+        dist = vis.mean_attention_distance(model, images, FLAGS.batch_size)
+        for layer, row in enumerate(dist):
+            print(f"  block {layer:2d}: " + " ".join(f"{d:6.1f}" for d in row))
+        _write("attention_distance", dist,
+               lambda p: vis.plot_attention_distance(dist, p, image_extent=float(max(cfg.image_size))))
+
+
+if __name__ == "__main__":
+    app.run(main)
