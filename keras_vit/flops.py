@@ -11,20 +11,22 @@ from __future__ import annotations
 
 from typing import Dict, Union
 
-from keras_vit.configs import ViTConfig
+from keras_vit.configs import ResNetConfig, ViTConfig
 
 _NORM = 5  # fvcore: mean, variance, normalise, scale, shift
 
 
-def _resnet_macs(cfg: ViTConfig, h: int, w: int) -> Dict[str, int]:
-    width = cfg.resnet.width
+def resnet_macs(resnet: ResNetConfig, image_size, num_channels: int = 3) -> Dict[str, int]:
+    """MACs of the BiT ResNet stem alone at `image_size` (int or (h, w)): conv and norm parts."""
+    h, w = (image_size, image_size) if isinstance(image_size, int) else image_size
+    width = resnet.width
     macs = {"resnet_conv": 0, "resnet_norm": 0}
     h, w = -(-h // 2), -(-w // 2)
-    macs["resnet_conv"] += h * w * 7 * 7 * cfg.num_channels * width
+    macs["resnet_conv"] += h * w * 7 * 7 * num_channels * width
     macs["resnet_norm"] += _NORM * h * w * width
     h, w = -(-h // 2), -(-w // 2)  # max-pool
     cin = width
-    for i, units in enumerate(cfg.resnet.num_layers):
+    for i, units in enumerate(resnet.num_layers):
         f = width * 2 ** i
         for u in range(units):
             stride = 2 if (i > 0 and u == 0) else 1
@@ -62,8 +64,7 @@ def forward_macs(model_or_config: Union[ViTConfig, "object"], breakdown: bool = 
     ph, pw = cfg.patch_size
     parts: Dict[str, int] = {}
     if cfg.resnet is not None:
-        h, w = cfg.image_size
-        parts.update(_resnet_macs(cfg, h, w))
+        parts.update(resnet_macs(cfg.resnet, cfg.image_size, cfg.num_channels))
         cin = 4 * cfg.resnet.width * 2 ** (len(cfg.resnet.num_layers) - 1) if cfg.resnet.num_layers else cfg.resnet.width
     else:
         cin = cfg.num_channels

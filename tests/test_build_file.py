@@ -12,7 +12,7 @@ import re
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-PACKAGES = ("keras_vit", "pipeline", "benchmarks")
+PACKAGES = ("keras_vit", "pipeline", "benchmarks", "experiments")
 
 
 def parse_build():

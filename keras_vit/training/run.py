@@ -73,11 +73,14 @@ def _resume_point(backup_dir: str) -> Optional[int]:
     return None
 
 
-def train(cfg: TrainConfig, source=None) -> dict:
+def train(cfg: TrainConfig, source=None, build_model=None) -> dict:
     """Trains, evaluates and saves; returns the final metrics and where things went.
 
     `source` (a `data.Source` or `data.TFRecordSource`) replaces the dataset the
-    config names, e.g. the TFX pipeline's examples.
+    config names, e.g. the TFX pipeline's examples. `build_model(num_classes,
+    image_size)` replaces `cfg.model` with any Keras classifier of `[B, H, W, C]`
+    images in [-1, 1] to logits (a CNN baseline, say); it is called in the
+    strategy's scope.
     """
     keras.utils.set_random_seed(cfg.seed)
     policy = precision.set_precision(cfg.precision)
@@ -129,11 +132,15 @@ def train(cfg: TrainConfig, source=None) -> dict:
             overrides.setdefault("head_bias_init", recipe.head_bias_init)
         if cfg.recipe == "finetune":
             overrides.setdefault("representation_size", None)  # the paper drops it to fine-tune
-        model = keras_vit.create_model(cfg.model, num_classes=source.num_classes, image_size=cfg.image_size,
-                                       weights=cfg.weights, **overrides)
+        if build_model is not None:
+            model = build_model(source.num_classes, cfg.image_size)
+        else:
+            model = keras_vit.create_model(cfg.model, num_classes=source.num_classes,
+                                           image_size=cfg.image_size, weights=cfg.weights, **overrides)
         recipes.compile_model(model, recipe, total_updates, jit_compile=cfg.jit_compile,
                               gradient_accumulation_steps=accum if accum > 1 else None)
-    channels = model.config.num_channels
+    channels = int(model.inputs[0].shape[-1])
+    model_name = model.config.name if hasattr(model, "config") else model.name
     train_ds = data.make_dataset(source, cfg.train_split, image_size=cfg.image_size, batch_size=micro_batch,
                                  training=True, channels=channels, cache=cfg.cache, seed=cfg.seed,
                                  deterministic=cfg.deterministic, skip_bad_records=cfg.skip_bad_records,
@@ -147,7 +154,7 @@ def train(cfg: TrainConfig, source=None) -> dict:
         keras.callbacks.CSVLogger(paths["history"], append=True),
         keras.callbacks.TerminateOnNaN(),
     ]
-    print(f"Training {model.config.name} ({model.count_params():,} params, {policy}) on {source.name} "
+    print(f"Training {model_name} ({model.count_params():,} params, {policy}) on {source.name} "
           f"{cfg.train_split}: {total_updates} steps of batch {recipe.batch_size}"
           + (f" ({accum} x {micro_batch})" if accum > 1 else "")
           + f", {num_chunks} chunks of {chunk}, {strategy.num_replicas_in_sync} replica(s)", flush=True)
@@ -164,7 +171,7 @@ def train(cfg: TrainConfig, source=None) -> dict:
     else:  # nothing left to train (a finished run started again): evaluate what was saved
         results = {k: float(v) for k, v in model.evaluate(eval_ds, return_dict=True, verbose=0).items()}
     model.save(paths["model"])
-    summary = {"model": model.config.name, "dataset": source.name, "eval_split": eval_split,
+    summary = {"model": model_name, "dataset": source.name, "eval_split": eval_split,
                "steps": total_updates, "batch_size": recipe.batch_size, "precision": policy,
                "train_seconds": round(seconds, 1), "skipped_records": stats.skipped_count,
                **{f"eval_{k}": v for k, v in results.items()}, "paths": paths}
