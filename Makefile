@@ -6,7 +6,7 @@ export PYTHONPATH := $(CURDIR)
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 PYTEST_ARGS ?=
 
-.PHONY: env test run lock clean
+.PHONY: env test run bench lock clean
 
 env:
 	@bash tools/ensure_env.sh
@@ -19,10 +19,19 @@ RUN_ARGS ?=
 run: env
 	$(PY) -m pipeline.run $(RUN_ARGS)
 
+# Benchmarks against keras-hub (a benchmark-only extra in .venv-bench) and the matmul peak.
+# `make bench BENCH=input_size BENCH_ARGS="--sizes=224,384"` runs another one.
+BENCH ?= vit_throughput
+BENCH_ARGS ?=
+bench: env
+	@bash tools/ensure_env.sh --bench
+	PYTHONPATH=$(CURDIR):$(CURDIR)/.venv-bench $(PY) -m benchmarks.$(BENCH) $(BENCH_ARGS)
+
 # Re-resolve the lock after editing requirements/requirements.in (about 20 s).
 lock: env
 	.venv/bin/uv pip compile --quiet --python-version 3.10 --python-platform x86_64-manylinux_2_17 \
 	  requirements/requirements.in -o requirements/lock.txt
+	@echo "Re-resolve the bench extra too: uv pip compile ... -c requirements/lock.txt requirements/requirements.in requirements/bench.in (see requirements/bench-lock.txt)"
 
 clean:
-	rm -rf .venv .pytest_cache saved_models/*/ build *.egg-info
+	rm -rf .venv .venv-bench .pytest_cache saved_models/*/ build *.egg-info

@@ -1,5 +1,8 @@
 #!/usr/bin/env bash
 # Makes .venv match requirements/lock.txt and installs the offline data set.
+# With --bench, also installs the benchmark-only extra (requirements/bench-lock.txt:
+# keras-hub to compare against) into .venv-bench, a directory for PYTHONPATH, so
+# that the main environment never holds it.
 #
 # The 3.4 GB environment lives in a cache directory keyed by the lock's hash and
 # .venv is a symlink to it, so a fresh clone (CI's included) reuses an existing
@@ -58,4 +61,20 @@ if [ ! -f "$fmnist/train-images-idx3-ubyte.gz" ] && [ -z "${KERAS_VIT_SKIP_APT:-
   SUDO=""; [ "$(id -u)" = 0 ] || SUDO=sudo
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq dataset-fashion-mnist >/dev/null
+fi
+
+if [ "${1:-}" = "--bench" ]; then
+  bench_lock=requirements/bench-lock.txt
+  bench_hash=$(cat "$lock" "$bench_lock" "$0" | sha256sum | cut -c1-16)
+  bench="$cache_root/bench-$bench_hash"
+  if [ ! -f "$bench/.lock-installed" ]; then
+    echo "Installing the benchmark extra ($bench_lock) into $bench..."
+    rm -rf "$bench"
+    "$venv/bin/uv" pip install --quiet --no-deps --python "$venv/bin/python" --target "$bench" -r "$bench_lock"
+    touch "$bench/.lock-installed"
+  fi
+  if [ "$(readlink .venv-bench 2>/dev/null)" != "$bench" ]; then
+    rm -rf .venv-bench
+    ln -s "$bench" .venv-bench
+  fi
 fi

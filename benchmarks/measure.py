@@ -1,0 +1,100 @@
+"""Timing helpers the benchmarks share: the machine's matmul peak, a timer, keras-hub's ViT, peak RSS.
+
+Every figure a benchmark prints is measured in the same process as the ones it is
+compared with, so that ratios survive a shared, noisy machine.
+"""
+
+from __future__ import annotations
+
+import resource
+import time
+from typing import Callable, Dict
+
+import numpy as np
+
+
+def best_seconds(fn: Callable[[], object], min_seconds: float = 2.0, min_iterations: int = 3,
+                 warmup: int = 1) -> float:
+    """The fastest of repeated calls of `fn` (after `warmup` untimed calls), in seconds.
+
+    The minimum, not the mean: on a shared machine noise only ever adds time.
+    """
+    for _ in range(warmup):
+        _block(fn())
+    times = []
+    start = time.perf_counter()
+    while len(times) < min_iterations or time.perf_counter() - start < min_seconds:
+        t = time.perf_counter()
+        _block(fn())
+        times.append(time.perf_counter() - t)
+    return float(np.min(times))
+
+
+def _block(result):
+    """Waits for a result: eager TF tensors are already computed once `.numpy()` returns."""
+    import tensorflow as tf
+
+    for leaf in tf.nest.flatten(result):
+        if hasattr(leaf, "numpy"):
+            leaf.numpy()
+
+
+def matmul_peak(dtypes=("float32", "bfloat16"), n: int = 2048, min_seconds: float = 2.0) -> Dict[str, float]:
+    """FLOP/s of an `n x n` matmul per dtype: the machine's practical peak for dense layers."""
+    import tensorflow as tf
+
+    out = {}
+    for dtype in dtypes:
+        a = tf.random.normal((n, n), dtype=tf.float32)
+        a = tf.cast(a, dtype)
+        b = tf.cast(tf.random.normal((n, n), dtype=tf.float32), dtype)
+        f = tf.function(lambda: tf.reduce_sum(tf.cast(tf.matmul(a, b)[:1, :1], tf.float32)))
+        out[dtype] = 2.0 * n ** 3 / best_seconds(f, min_seconds)
+    return out
+
+
+def keras_hub_vit(config, num_classes: int = 0):
+    """keras-hub's `ViTBackbone` of the same architecture as a keras_vit config.
+
+    With `num_classes`, the class token goes through a Dense head as in ours.
+    Raises ImportError with the install command when the bench extra is missing.
+    """
+    try:
+        import keras_hub
+    except ImportError as e:  # pragma: no cover - depends on the environment
+        raise ImportError("keras-hub is a benchmark-only extra: run `make bench` (it installs "
+                          "requirements/bench-lock.txt into .venv-bench)") from e
+    import keras
+
+    c = config
+    if c.resnet is not None or c.classifier != "token":
+        raise ValueError(f"keras-hub's ViTBackbone has no counterpart of {c.name}")
+    backbone = keras_hub.models.ViTBackbone(
+        image_shape=(*c.image_size, c.num_channels), patch_size=c.patch_size[0], num_layers=c.num_layers,
+        num_heads=c.num_heads, hidden_dim=c.hidden_size, mlp_dim=c.mlp_dim,
+        layer_norm_epsilon=c.layer_norm_epsilon)
+    if not num_classes:
+        return backbone
+    images = keras.Input((*c.image_size, c.num_channels))
+    logits = keras.layers.Dense(num_classes, dtype="float32")(backbone(images)[:, 0])
+    return keras.Model(images, logits)
+
+
+def conv_dense_macs(model) -> int:
+    """MACs of the Conv2D and Dense layers of a functional Keras model (fvcore's convention)."""
+    import keras
+
+    total = 0
+    for layer in model.layers:
+        if isinstance(layer, keras.layers.Conv2D):
+            _, h, w, cout = layer.output.shape
+            kh, kw, cin, _ = layer.kernel.shape
+            total += h * w * cout * kh * kw * cin
+        elif isinstance(layer, keras.layers.Dense):
+            total += int(np.prod(layer.kernel.shape))
+    return int(total)
+
+
+def peak_rss_mib() -> float:
+    """This process's peak resident memory so far, in MiB."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0

@@ -1,0 +1,116 @@
+"""Images/s of our ViTs against keras-hub's `ViTBackbone`, and against the machine's matmul peak.
+
+    make bench                                   # the README's table (installs the bench extra)
+    python -m benchmarks.vit_throughput --mode=train --models=ViT-Ti/16 --batch_sizes=32
+
+For every model, precision, batch size and XLA setting it times, in one process
+and side by side, our model and keras-hub's of the same architecture, and prints
+images/s, the ratio ours / keras-hub, and achieved FLOP/s as a share of the
+`tf.matmul` peak measured in the same run in that precision's compute dtype.
+Inference counts 2 x MACs per image (`keras_vit.flops`); a training step 6 x.
+Figures, never assertions.
+"""
+
+from __future__ import annotations
+
+import gc
+
+import numpy as np
+from absl import app, flags
+
+from benchmarks import measure
+
+FLAGS = flags.FLAGS
+flags.DEFINE_enum("mode", "inference", ["inference", "train"], "Forward passes, or whole training steps.")
+flags.DEFINE_list("models", ["ViT-Ti/16", "ViT-S/16", "ViT-B/16"], "Registered model names.")
+flags.DEFINE_list("batch_sizes", ["1", "32"], "Batch sizes.")
+flags.DEFINE_list("precisions", ["float32", "mixed_bfloat16"], "Keras dtype policies.")
+flags.DEFINE_list("jit", ["false", "true"], "XLA settings to time.")
+flags.DEFINE_integer("image_size", 224, "Resolution.")
+flags.DEFINE_float("min_seconds", 2.0, "Time each case for at least this long (and 3 calls).")
+flags.DEFINE_bool("keras_hub", True, "Also time keras-hub's ViTBackbone (needs `make bench`'s extra).")
+
+
+def _case(model, images, labels, jit):
+    import tensorflow as tf
+
+    if FLAGS.mode == "inference":
+        forward = tf.function(lambda x: model(x, training=False), jit_compile=jit, reduce_retracing=True)
+        return lambda: forward(images)
+    import keras
+
+    model.compile(optimizer=keras.optimizers.AdamW(1e-4),
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), jit_compile=jit)
+    return lambda: model.train_on_batch(images, labels)
+
+
+def _build(kind, config, num_classes):
+    import keras_vit
+
+    if kind == "ours":
+        return keras_vit.create_model(config, num_classes=num_classes)
+    return measure.keras_hub_vit(config, num_classes)
+
+
+def main(argv):
+    del argv
+    import keras
+
+    from keras_vit import flops
+    from keras_vit.configs import get_config
+
+    kinds = ["ours", "keras-hub"] if FLAGS.keras_hub else ["ours"]
+    print("Measuring the tf.matmul peak (2048 x 2048)...", flush=True)
+    peak = measure.matmul_peak()
+    print(", ".join(f"{k}: {v / 1e9:.0f} GFLOP/s" for k, v in peak.items()))
+    flop_factor = 2 if FLAGS.mode == "inference" else 6
+    num_classes = 0 if FLAGS.mode == "inference" else 1000
+    header = (f"| model | precision | batch | jit | ours img/s | keras-hub img/s | ours / keras-hub "
+              f"| ours % of peak |\n|---|---|---:|---|---:|---:|---:|---:|")
+    rows, best = [], {}
+    for name in FLAGS.models:
+        config = get_config(name).replace(image_size=FLAGS.image_size, num_classes=max(num_classes, 1))
+        flops_per_image = flop_factor * flops.forward_macs(config)
+        for precision in FLAGS.precisions:
+            keras.mixed_precision.set_global_policy(precision)
+            compute = "bfloat16" if "bfloat16" in precision else "float32"
+            for batch in (int(b) for b in FLAGS.batch_sizes):
+                rng = np.random.RandomState(0)
+                images = rng.uniform(-1, 1, (batch, *config.image_size, 3)).astype("float32")
+                labels = rng.randint(0, 1000, batch)
+                for jit in (j.lower() == "true" for j in FLAGS.jit):
+                    rate = {}
+                    for kind in kinds:
+                        model = _build(kind, config, num_classes)
+                        rate[kind] = batch / measure.best_seconds(_case(model, images, labels, jit),
+                                                                  FLAGS.min_seconds)
+                        del model
+                        keras.backend.clear_session()
+                        gc.collect()
+                    key = (name, precision, batch)
+                    for kind in kinds:
+                        best.setdefault(key, {}).setdefault(kind, 0.0)
+                        best[key][kind] = max(best[key][kind], rate[kind])
+                    hub = rate.get("keras-hub")
+                    share = rate["ours"] * flops_per_image / peak[compute]
+                    row = (f"| {name} | {precision} | {batch} | {'on' if jit else 'off'} | {rate['ours']:.1f} | "
+                           f"{hub:.1f} | {rate['ours'] / hub:.2f}x | {100 * share:.0f}% |" if hub else
+                           f"| {name} | {precision} | {batch} | {'on' if jit else 'off'} | {rate['ours']:.1f} | - | - "
+                           f"| {100 * share:.0f}% |")
+                    rows.append(row)
+                    print(row, flush=True)
+    keras.mixed_precision.set_global_policy("float32")
+    print(f"\n{FLAGS.mode}, {FLAGS.image_size} px; peak: "
+          + ", ".join(f"{k} {v / 1e9:.0f} GFLOP/s" for k, v in peak.items()))
+    print(header)
+    print("\n".join(rows))
+    if FLAGS.keras_hub:
+        print("\nBest of jit on/off for each (the issue's comparison):")
+        print("| model | precision | batch | ours img/s | keras-hub img/s | ours / keras-hub |\n|---|---|---:|---:|---:|---:|")
+        for (name, precision, batch), r in best.items():
+            print(f"| {name} | {precision} | {batch} | {r['ours']:.1f} | {r['keras-hub']:.1f} | "
+                  f"{r['ours'] / r['keras-hub']:.2f}x |")
+
+
+if __name__ == "__main__":
+    app.run(main)
