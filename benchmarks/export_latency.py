@@ -23,7 +23,8 @@ flags.DEFINE_string("model", "ViT-Ti/16", "Registered model name.")
 flags.DEFINE_integer("image_size", 224, "Model resolution.")
 flags.DEFINE_list("batch_sizes", ["1", "32"], "Batch sizes to time.")
 flags.DEFINE_integer("iterations", 10, "Timed calls per case (after 2 warm-up calls).")
-flags.DEFINE_enum("precision", "float32", ["float32", "mixed_bfloat16"], "Keras dtype policy of the model.")
+flags.DEFINE_enum("precision", "auto", ["auto", "float32", "mixed_bfloat16"],
+                  "Keras dtype policy of the model; auto picks bf16 on bf16 hardware and says which.")
 
 
 def _jpegs(n, size):
@@ -57,10 +58,12 @@ def main(argv):
     import keras_vit
     from keras_vit.export import export_saved_model
 
-    keras.mixed_precision.set_global_policy(FLAGS.precision)
+    from keras_vit.training.precision import set_precision
+
+    policy = set_precision(FLAGS.precision)
     model = keras_vit.create_model(FLAGS.model, num_classes=1000, image_size=FLAGS.image_size)
     with tempfile.TemporaryDirectory() as root:
-        print(f"Exporting {FLAGS.model} ({FLAGS.precision}) at {FLAGS.image_size} px ...", flush=True)
+        print(f"Exporting {FLAGS.model} ({policy}) at {FLAGS.image_size} px ...", flush=True)
         path = export_saved_model(model, os.path.join(root, "bench"), warmup=False)
         signatures = tf.saved_model.load(path).signatures
         print(f"{'signature':<16} {'batch':>5} {'median ms':>10} {'p90 ms':>8} {'images/s':>9}")

@@ -23,7 +23,8 @@ FLAGS = flags.FLAGS
 flags.DEFINE_list("sizes", ["224", "384", "512"], "Square input sizes.")
 flags.DEFINE_list("models", ["ViT-B/16", "R50+ViT-B/16", "keras-hub ViT-B/16", "ResNet-50"], "What to measure.")
 flags.DEFINE_integer("batch_size", 1, "Images per call.")
-flags.DEFINE_enum("precision", "float32", ["float32", "mixed_bfloat16"], "Keras dtype policy.")
+flags.DEFINE_enum("precision", "auto", ["auto", "float32", "mixed_bfloat16"],
+                  "Keras dtype policy; auto picks bf16 on bf16 hardware.")
 flags.DEFINE_bool("jit_compile", False, "XLA-compile the forward pass.")
 flags.DEFINE_float("min_seconds", 2.0, "Time each case for at least this long.")
 flags.DEFINE_string("case", None, "Internal: run one 'model@size' case and print its JSON.")
@@ -74,7 +75,9 @@ def main(argv):
     if FLAGS.case:
         return run_case(FLAGS.case)
     from benchmarks import measure
+    from keras_vit.training.precision import resolve_precision
 
+    FLAGS.precision = resolve_precision(FLAGS.precision)  # the children get the resolved policy
     compute = "bfloat16" if "bfloat16" in FLAGS.precision else "float32"
     peak = measure.matmul_peak((compute,))[compute]
     print(f"tf.matmul peak ({compute}): {peak / 1e9:.0f} GFLOP/s; batch {FLAGS.batch_size}, {FLAGS.precision}, "

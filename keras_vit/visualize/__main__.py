@@ -67,8 +67,12 @@ def _write(stem: str, numbers: np.ndarray, figure) -> None:
 
 
 def main(argv):
+    from absl import logging
+
     from keras_vit import visualize as vis
 
+    if not FLAGS["verbosity"].present:
+        logging.set_verbosity(logging.WARNING)  # TFDS logs every file it opens at INFO
     commands = argv[1:]
     unknown = [c for c in commands if c not in COMMANDS]
     if not commands or unknown:
