@@ -176,9 +176,14 @@ def test_distance_is_per_layer_and_head():
 
 def test_mean_attention_distance_of_a_model():
     model = tiny()
-    d = vis.mean_attention_distance(model, images())
+    x = images()
+    d = vis.mean_attention_distance(model, x)
     assert d.shape == (3, 4)
     assert (d > 0).all() and (d < np.hypot(24, 24)).all()  # centres of a 4x4 grid of 8 px patches
+    # Uneven batches (2 + 1 images) average to the same figure as one batch.
+    np.testing.assert_allclose(vis.mean_attention_distance(model, x, batch_size=2), d, rtol=1e-5)
+    expected = vis.attention_distance(vis.attention_weights(model, x), (4, 4), (8, 8), num_prefix_tokens=1)
+    np.testing.assert_allclose(d, expected, rtol=1e-5)
 
 
 # === Plots ===

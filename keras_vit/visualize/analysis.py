@@ -20,24 +20,32 @@ def _config(model):
     return cfg
 
 
+def _check_images(cfg, images) -> np.ndarray:
+    images = np.asarray(images, dtype="float32")
+    expected = (*cfg.image_size, cfg.num_channels)
+    if images.ndim != 4 or tuple(images.shape[1:]) != expected:
+        raise ValueError(f"images must be [N, {expected[0]}, {expected[1]}, {expected[2]}] for "
+                         f"{cfg.name}, got {list(images.shape)}")
+    return images
+
+
+def _batches(model, images, batch_size):
+    """Yields each batch's per-block attention, so only one batch of maps is held at a time."""
+    cfg = _config(model)
+    images = _check_images(cfg, images)
+    for start in range(0, len(images), batch_size):
+        out = model.forward(images[start:start + batch_size], training=False, return_attention=True)
+        yield [np.asarray(w, dtype="float32") for w in out["attention"]]
+
+
 def attention_weights(model, images, batch_size: int = 16) -> List[np.ndarray]:
     """Every block's attention for `images` `[N, H, W, C]` in [-1, 1].
 
     Returns one float32 `[N, heads, T, T]` array per block, in block order; rows are
     queries and sum to 1. T counts the class token first when there is one.
     """
-    cfg = _config(model)
-    images = np.asarray(images, dtype="float32")
-    expected = (*cfg.image_size, cfg.num_channels)
-    if images.ndim != 4 or tuple(images.shape[1:]) != expected:
-        raise ValueError(f"images must be [N, {expected[0]}, {expected[1]}, {expected[2]}] for "
-                         f"{cfg.name}, got {list(images.shape)}")
-    per_block: List[List[np.ndarray]] = [[] for _ in range(cfg.num_layers)]
-    for start in range(0, len(images), batch_size):
-        out = model.forward(images[start:start + batch_size], training=False, return_attention=True)
-        for i, weights in enumerate(out["attention"]):
-            per_block[i].append(np.asarray(weights, dtype="float32"))
-    return [np.concatenate(chunks) for chunks in per_block]
+    chunks = list(_batches(model, images, batch_size))
+    return [np.concatenate([c[i] for c in chunks]) for i in range(len(chunks[0]))]
 
 
 def rollout(attention: Sequence[np.ndarray]) -> np.ndarray:
@@ -85,7 +93,8 @@ def attention_rollout(model, images, batch_size: int = 16) -> np.ndarray:
     `overlay(image, map)` draws one on its image.
     """
     cfg = _config(model)
-    return rollout_maps(attention_weights(model, images, batch_size), cfg.grid_size, cfg.num_prefix_tokens)
+    return np.concatenate([rollout_maps(a, cfg.grid_size, cfg.num_prefix_tokens)
+                           for a in _batches(model, images, batch_size)])
 
 
 def position_embeddings(model) -> np.ndarray:
@@ -174,5 +183,9 @@ def mean_attention_distance(model, images, batch_size: int = 16) -> np.ndarray:
     patches are `resnet stride x patch size` pixels apart.
     """
     cfg = _config(model)
-    return attention_distance(attention_weights(model, images, batch_size), cfg.grid_size,
-                              cfg.total_stride, cfg.num_prefix_tokens)
+    per_batch, sizes = [], []
+    for attention in _batches(model, images, batch_size):
+        per_batch.append(attention_distance(attention, cfg.grid_size, cfg.total_stride, cfg.num_prefix_tokens))
+        sizes.append(len(attention[0]))
+    # Batches hold different numbers of images: weight each batch's mean by its size.
+    return np.average(np.stack(per_batch), axis=0, weights=sizes).astype("float32")
