@@ -51,8 +51,7 @@ def model_macs(kind: str, num_classes: int = 10) -> int:
 
     if kind == "resnet":
         stem = ResNetConfig(RESNET["num_layers"], RESNET["width_factor"])
-        out_channels = 4 * stem.width * 2 ** (len(stem.num_layers) - 1)
-        return sum(flops.resnet_macs(stem, common.IMAGE_SIZE).values()) + out_channels * num_classes
+        return sum(flops.resnet_macs(stem, common.IMAGE_SIZE).values()) + stem.out_channels * num_classes
     overrides = {**common.SMALL_VIT, **(HYBRID if kind == "hybrid" else {})}
     cfg = get_config("ViT-Ti/16").replace(image_size=common.IMAGE_SIZE, num_classes=num_classes, **overrides)
     return flops.forward_macs(cfg)
@@ -71,9 +70,9 @@ def _run(kind, size, seed):
 def _plot(results, sizes, output_dir):
     import numpy as np
 
-    from keras_vit.visualize.plots import _pyplot
+    from keras_vit.visualize.plots import pyplot, save_figure
 
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(5, 3.5))
     for kind, by_size in results.items():
         acc = [100 * np.mean(by_size[str(s)]["top1"]) for s in sizes]
@@ -83,10 +82,7 @@ def _plot(results, sizes, output_dir):
     ax.set_ylabel("test top-1 (%)")
     ax.set_title("ResNet vs ViT vs hybrid by data size")
     ax.legend()
-    path = os.path.join(output_dir, "accuracy_by_size.png")
-    fig.savefig(path, dpi=100, bbox_inches="tight")
-    plt.close(fig)
-    return os.path.basename(path)
+    return os.path.basename(save_figure(fig, os.path.join(output_dir, "accuracy_by_size.png")))
 
 
 def main(argv):

@@ -47,6 +47,13 @@ class ResNetConfig:
         return int(64 * self.width_factor)
 
     @property
+    def out_channels(self) -> int:
+        """Channels of the stem's output: the root's width, or 4x the last stage's."""
+        if not self.num_layers:
+            return self.width
+        return 4 * self.width * 2 ** (len(self.num_layers) - 1)
+
+    @property
     def stride(self) -> int:
         """Total downsampling: 4 in the root, 2 in every stage after the first."""
         return 4 * 2 ** max(len(self.num_layers) - 1, 0)

@@ -65,7 +65,7 @@ def forward_macs(model_or_config: Union[ViTConfig, "object"], breakdown: bool = 
     parts: Dict[str, int] = {}
     if cfg.resnet is not None:
         parts.update(resnet_macs(cfg.resnet, cfg.image_size, cfg.num_channels))
-        cin = 4 * cfg.resnet.width * 2 ** (len(cfg.resnet.num_layers) - 1) if cfg.resnet.num_layers else cfg.resnet.width
+        cin = cfg.resnet.out_channels
     else:
         cin = cfg.num_channels
     parts["patch_embedding"] = n * ph * pw * cin * d
