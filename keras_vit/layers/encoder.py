@@ -111,10 +111,7 @@ class EncoderBlock(keras.layers.Layer):
             layer.build(input_shape)
 
     def call(self, x, training=None, return_attention=False):
-        if return_attention:
-            y, weights = self.attention(self.norm1(x), training=training, return_attention=True)
-        else:
-            y = self.attention(self.norm1(x), training=training)
+        y, weights = self.attention(self.norm1(x), training=training, return_attention=True)
         y = self.dropout(y, training=training)
         x = x + self.drop_path(y, training=training)
         y = self.mlp(self.norm2(x), training=training)
