@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import time
 from typing import Dict, List, Sequence
 
 import numpy as np
@@ -39,12 +38,8 @@ def run_once(run_dir: str, steps: int, batch_size: int, seed: int, train_split: 
                       dataset=dataset, train_split=train_split, image_size=IMAGE_SIZE, steps=steps,
                       batch_size=batch_size, seed=seed, output_dir=run_dir, checkpoint_every=steps,
                       eval_every=0, cache=True, verbose=0, **RECIPE)
-    start = time.time()
-    summary = train(cfg, build_model=build_model)
+    summary = train(cfg, build_model=build_model)  # writes metrics_path last, once finished
     summary.pop("model_obj")
-    summary["wall_seconds"] = round(time.time() - start, 1)
-    with open(metrics_path, "w") as f:
-        json.dump(summary, f, indent=2)
     return summary
 
 

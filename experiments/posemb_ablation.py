@@ -28,9 +28,9 @@ flags.DEFINE_string("output_dir", "reports/posemb_ablation", "Where the table, p
 
 
 def _plots(results, output_dir):
-    from keras_vit.visualize.plots import _pyplot
+    from keras_vit.visualize.plots import pyplot, save_figure
 
-    plt = _pyplot()
+    plt = pyplot()
     kinds = list(results)
     acc = [100 * np.asarray(results[k]["top1"]) for k in kinds]
     fig, ax = plt.subplots(figsize=(5, 3.5))
@@ -41,10 +41,7 @@ def _plots(results, output_dir):
     ax.set_ylim(max(lo - 3, 0), min(max(a.max() for a in acc) + 1, 100))
     ax.set_ylabel("test top-1 (%)")
     ax.set_title("Position embedding ablation")
-    path = os.path.join(output_dir, "accuracy.png")
-    fig.savefig(path, dpi=100, bbox_inches="tight")
-    plt.close(fig)
-    return os.path.basename(path)
+    return os.path.basename(save_figure(fig, os.path.join(output_dir, "accuracy.png")))
 
 
 def _similarity_figure(run_dir, output_dir, kind):

@@ -8,7 +8,8 @@ from typing import Optional, Sequence
 import numpy as np
 
 
-def _pyplot():
+def pyplot():
+    """matplotlib.pyplot on the Agg backend."""
     import matplotlib
 
     matplotlib.use("Agg")  # files only; never needs a display
@@ -38,7 +39,7 @@ def overlay(image, attention_map, alpha: float = 0.5, cmap: str = "inferno") -> 
     """
     from PIL import Image
 
-    plt = _pyplot()
+    plt = pyplot()
     rgb = to_uint8(image)
     m = np.asarray(attention_map, dtype="float32")
     if m.ndim != 2:
@@ -53,16 +54,17 @@ def overlay(image, attention_map, alpha: float = 0.5, cmap: str = "inferno") -> 
     return np.clip((1 - alpha) * rgb + alpha * heat, 0, 255).round().astype(np.uint8)
 
 
-def _save(fig, path: str) -> str:
+def save_figure(fig, path: str) -> str:
+    """Saves `fig` as a PNG at `path` (making its folder), closes it, returns `path`."""
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     fig.savefig(path, dpi=100, bbox_inches="tight")
-    _pyplot().close(fig)
+    pyplot().close(fig)
     return path
 
 
 def plot_rollout(images, maps, path: str, titles: Optional[Sequence[str]] = None) -> str:
     """Each image beside its rollout overlay, one row per image. Returns `path`."""
-    plt = _pyplot()
+    plt = pyplot()
     n = len(images)
     if len(maps) != n:
         raise ValueError(f"{n} images but {len(maps)} maps")
@@ -74,12 +76,12 @@ def plot_rollout(images, maps, path: str, titles: Optional[Sequence[str]] = None
         axes[i, 1].set_title("attention rollout", fontsize=8)
         for ax in axes[i]:
             ax.axis("off")
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_position_similarity(similarity, path: str) -> str:
     """The `[gh, gw, gh, gw]` similarities as a gh x gw grid of maps (Figure 7, centre)."""
-    plt = _pyplot()
+    plt = pyplot()
     sim = np.asarray(similarity)
     gh, gw = sim.shape[:2]
     fig, axes = plt.subplots(gh, gw, figsize=(min(gw, 14) * 0.8, min(gh, 14) * 0.8), squeeze=False)
@@ -89,12 +91,12 @@ def plot_position_similarity(similarity, path: str) -> str:
             axes[i, j].set_xticks([])
             axes[i, j].set_yticks([])
     fig.suptitle("Position embedding similarity (cosine)")
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_filters(filters, path: str) -> str:
     """Principal components `[n, P, P, C]`, each scaled to its own range (Figure 7, left)."""
-    plt = _pyplot()
+    plt = pyplot()
     f = np.asarray(filters, dtype="float32")
     n = len(f)
     cols = min(n, 7)
@@ -107,12 +109,12 @@ def plot_filters(filters, path: str) -> str:
             img = (img - img.min()) / max(float(img.max() - img.min()), 1e-12)
             ax.imshow(img[..., 0] if img.shape[-1] == 1 else img, cmap="gray" if img.shape[-1] == 1 else None)
     fig.suptitle("Principal components of the patch-embedding filters")
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_attention_distance(distance, path: str, image_extent: Optional[float] = None) -> str:
     """Mean attention distance `[layers, heads]`: one dot per head over depth (Figure 7, right)."""
-    plt = _pyplot()
+    plt = pyplot()
     d = np.asarray(distance)
     layers, heads = d.shape
     fig, ax = plt.subplots(figsize=(5, 4))
@@ -124,4 +126,4 @@ def plot_attention_distance(distance, path: str, image_extent: Optional[float] =
         ax.set_ylim(0, image_extent)
     if heads <= 16:
         ax.legend(fontsize=6, ncol=2)
-    return _save(fig, path)
+    return save_figure(fig, path)
