@@ -84,17 +84,19 @@ def main(argv):
     cfg = model.config
     print(f"Model {cfg.name}: {cfg.num_layers} blocks x {cfg.num_heads} heads, grid {cfg.grid_size[0]}x"
           f"{cfg.grid_size[1]}, position embedding {cfg.position_embedding}", flush=True)
-    images = names = None
+    images = names = attention = None
     if {"rollout", "distance"} & set(commands):
         images, names = _images(model)
+        # One forward pass serves both figures.
+        attention = vis.attention_weights(model, images, FLAGS.batch_size)
     for command in commands:
-        _run(vis, command, model, images, names)
+        _run(vis, command, model, images, names, attention)
 
 
-def _run(vis, command, model, images, names):
+def _run(vis, command, model, images, names, attention):
     cfg = model.config
     if command == "rollout":
-        maps = vis.attention_rollout(model, images, FLAGS.batch_size)
+        maps = vis.rollout_maps(attention, cfg.grid_size, cfg.num_prefix_tokens)
         _write("rollout", maps, lambda p: vis.plot_rollout(images, maps, p, titles=names))
     elif command == "posemb":
         sim = vis.position_embedding_similarity(model)
@@ -103,7 +105,7 @@ def _run(vis, command, model, images, names):
         filters = vis.embedding_filters(model, FLAGS.num_filters)
         _write("embedding_filters", filters, lambda p: vis.plot_filters(filters, p))
     else:
-        dist = vis.mean_attention_distance(model, images, FLAGS.batch_size)
+        dist = vis.attention_distance(attention, cfg.grid_size, cfg.total_stride, cfg.num_prefix_tokens)
         for layer, row in enumerate(dist):
             print(f"  block {layer:2d}: " + " ".join(f"{d:6.1f}" for d in row))
         _write("attention_distance", dist,
