@@ -18,7 +18,9 @@ def _fresh_keras_state():
     keras.mixed_precision.set_global_policy("float32")
     yield
     keras.mixed_precision.set_global_policy("float32")
-    keras.backend.clear_session()
+    # free_memory=True runs gc.collect(), about 0.5 s with TensorFlow loaded: minutes over
+    # the suite. Python's own collector still frees the models' cycles.
+    keras.backend.clear_session(free_memory=False)
 
 
 def data_path(*parts):
