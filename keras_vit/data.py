@@ -11,6 +11,7 @@ prepared from its own sources with `try_download_gcs=False`. `image_dir` reads a
 from __future__ import annotations
 
 import dataclasses
+import fcntl
 import os
 from typing import Dict, List, Optional, Sequence
 
@@ -116,6 +117,27 @@ class TFRecordSource:
                            deterministic=not shuffle_files)
 
 
+def prepare(builder) -> None:
+    """`download_and_prepare` from the dataset's own sources (no GCS), one process at a time.
+
+    Two processes preparing one dataset at once (the workers of a job, parallel
+    tests) would race to rename their copies into place; a lock file beside the
+    dataset makes the second wait, then find it prepared.
+    """
+    config = tfds.download.DownloadConfig(try_download_gcs=False)
+    lock_path = builder.data_dir.rstrip("/") + ".lock"
+    if "://" in lock_path:  # a bucket: no local lock to take
+        builder.download_and_prepare(download_config=config)
+        return
+    os.makedirs(os.path.dirname(lock_path), exist_ok=True)
+    with open(lock_path, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            builder.download_and_prepare(download_config=config)
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
 def open_source(dataset: Optional[str] = "fashion_mnist_local", data_dir: Optional[str] = None,
                 image_dir: Optional[str] = None, image_key: Optional[str] = None,
                 label_key: Optional[str] = None) -> Source:
@@ -136,7 +158,7 @@ def open_source(dataset: Optional[str] = "fashion_mnist_local", data_dir: Option
         builder = tfds.builder(dataset, data_dir=data_dir)
     except tfds.core.registered.DatasetNotFoundError as e:
         raise ValueError(f"unknown TFDS dataset {dataset!r}: {e}") from e
-    builder.download_and_prepare(download_config=tfds.download.DownloadConfig(try_download_gcs=False))
+    prepare(builder)
     keys = builder.info.supervised_keys or ("image", "label")
     image_key = image_key or keys[0]
     label_key = label_key or keys[1]

@@ -102,10 +102,10 @@ def _tfds_builder(name, data_dir):
 
 def prepare_tfds(spec: SourceSpec):
     """Prepares the TFDS dataset (no GCS download) and returns its builder."""
-    import tensorflow_datasets as tfds
+    from keras_vit.data import prepare
 
     builder = _tfds_builder(spec.dataset, spec.data_dir)
-    builder.download_and_prepare(download_config=tfds.download.DownloadConfig(try_download_gcs=False))
+    prepare(builder)
     return builder
 
 

@@ -1,6 +1,8 @@
 """keras_vit.data: the offline Fashion-MNIST builder, named TFDS datasets, image folders."""
 
+import fcntl
 import os
+import threading
 
 import numpy as np
 import pytest
@@ -52,6 +54,23 @@ def test_local_builder_prepares_offline_and_batches(fake_fmnist):
     other, _ = next(iter(data.make_dataset(source, "train", image_size=32, batch_size=16, training=True,
                                            deterministic=True, seed=1)))
     assert not np.array_equal(images, other)
+
+
+def test_prepare_waits_while_another_process_prepares_the_same_dataset(fake_fmnist):
+    builder = tfds.builder("fashion_mnist_local", data_dir=fake_fmnist)
+    lock_path = builder.data_dir.rstrip("/") + ".lock"
+    os.makedirs(os.path.dirname(lock_path), exist_ok=True)
+    done = threading.Event()
+    worker = threading.Thread(target=lambda: (data.prepare(builder), done.set()))
+    with open(lock_path, "a") as held:  # a second open file: flock treats it as another process
+        fcntl.flock(held, fcntl.LOCK_EX)
+        worker.start()
+        assert not done.wait(2.0), "prepared while another holder had the lock"
+        assert not builder.is_prepared()
+        fcntl.flock(held, fcntl.LOCK_UN)
+    worker.join(120)
+    assert done.is_set() and builder.is_prepared()
+    assert builder.info.splits["train"].num_examples == 96
 
 
 def test_eval_is_one_ordered_pass_with_the_serving_preprocessing(fake_fmnist):
