@@ -50,8 +50,6 @@ def load_model(path: str, image_size=None):
 def _images(model):
     from keras_vit.visualize.images import load_images
 
-    if not FLAGS.images:
-        raise app.UsageError("this command needs --images")
     cfg = model.config
     images, names = load_images(FLAGS.images, cfg.image_size, cfg.num_channels, FLAGS.max_images)
     print(f"Read {len(images)} image(s) at {cfg.image_size[0]}x{cfg.image_size[1]}", flush=True)
@@ -66,6 +64,22 @@ def _write(stem: str, numbers: np.ndarray, figure) -> None:
     print(f"Wrote {png}\n      {npy} {list(numbers.shape)}")
 
 
+def _check_usage(commands) -> None:
+    """Every problem with the command line at once, before a model is loaded."""
+    unknown = [c for c in commands if c not in COMMANDS]
+    problems = []
+    if not commands or unknown:
+        problems.append(f"usage: python -m keras_vit.visualize {{{','.join(COMMANDS)}}}... --model=..."
+                        + (f" (unknown: {' '.join(unknown)})" if unknown else ""))
+    if not FLAGS.model:
+        problems.append("--model is required")
+    needing = [c for c in commands if c in ("rollout", "distance")]
+    if needing and not FLAGS.images:
+        problems.append(f"{' and '.join(needing)} need{'s' if len(needing) == 1 else ''} --images")
+    if problems:
+        raise app.UsageError("; ".join(problems))
+
+
 def main(argv):
     from absl import logging
 
@@ -74,12 +88,7 @@ def main(argv):
     if not FLAGS["verbosity"].present:
         logging.set_verbosity(logging.WARNING)  # TFDS logs every file it opens at INFO
     commands = argv[1:]
-    unknown = [c for c in commands if c not in COMMANDS]
-    if not commands or unknown:
-        raise app.UsageError(f"usage: python -m keras_vit.visualize {{{','.join(COMMANDS)}}}... --model=..."
-                             + (f" (unknown: {' '.join(unknown)})" if unknown else ""))
-    if not FLAGS.model:
-        raise app.UsageError("--model is required")
+    _check_usage(commands)
     model = load_model(FLAGS.model, FLAGS.image_size)
     cfg = model.config
     print(f"Model {cfg.name}: {cfg.num_layers} blocks x {cfg.num_heads} heads, grid {cfg.grid_size[0]}x"
