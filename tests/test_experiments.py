@@ -8,6 +8,9 @@ import sys
 
 import numpy as np
 
+import keras_vit.training
+from experiments import common
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 QUICK = ["--steps=2", "--batch_size=16", "--dataset=fashion_mnist_local/mini"]
 
@@ -25,7 +28,11 @@ def _table_rows(readme):
             for line in readme.splitlines() if line.startswith("| ") and "---" not in line}
 
 
-def test_posemb_ablation_reports_mean_and_std_over_seeds_and_resumes(tmp_path):
+def _must_not_train(*args, **kwargs):
+    raise AssertionError("a finished run was trained again")
+
+
+def test_posemb_ablation_reports_mean_and_std_over_seeds_and_resumes(tmp_path, monkeypatch):
     out = tmp_path / "posemb"
     args = ["--kinds=sincos2d", "--seeds=0,1", "--train_split=train[:64]", f"--output_dir={out}", *QUICK]
     stdout = _run("experiments.posemb_ablation", *args)
@@ -40,9 +47,10 @@ def test_posemb_ablation_reports_mean_and_std_over_seeds_and_resumes(tmp_path):
     assert (out / "accuracy.png").stat().st_size > 1000
     assert (out / "similarity_sincos2d.png").stat().st_size > 1000
     # A second start reads the finished runs instead of training again.
-    again = _run("experiments.posemb_ablation", *args)
-    assert "Training " not in again
-    assert json.loads((out / "results.json").read_text()) == results
+    monkeypatch.setattr(keras_vit.training, "train", _must_not_train)
+    for seed in (0, 1):
+        again = common.run_once(str(out / "runs" / f"sincos2d_seed{seed}"), 2, 16, seed)
+        assert again["eval_top1"] == results["sincos2d"]["top1"][seed]
 
 
 def test_inductive_bias_compares_models_by_data_size(tmp_path):
