@@ -18,6 +18,7 @@ import keras_vit
 from keras_vit import ViTConfig
 from keras_vit.training import (TrainConfig, WarmupDecay, compile_model, get_recipe, make_strategy,
                                 resolve_precision, train)
+from keras_vit.training.precision import top1_agreement, with_policy
 from keras_vit.training.recipes import SparseSigmoidCrossEntropy, make_optimizer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -240,6 +241,34 @@ def test_upstream_keras_still_needs_the_multi_worker_fix(tmp_path):
                                'import keras_vit.training.distribute as d\nd._patched = True  # skip the fix\n'
                                'strategy = make_strategy("multi_worker")')
     _run_two_workers(tmp_path, unpatched)
+
+
+def _digits(image_size=16):
+    """scikit-learn's bundled 8x8 digits, upsampled and scaled to [-1, 1]: `[N, s, s, 1]`, `[N]`."""
+    from sklearn.datasets import load_digits
+
+    d = load_digits()
+    scale = image_size // 8
+    x = np.kron(d.images, np.ones((scale, scale)))[..., None] / 8.0 - 1.0
+    return x.astype("float32"), d.target.astype("int32")
+
+
+def test_bfloat16_twin_of_a_trained_model_agrees_on_top1():
+    x, y = _digits()
+    model = keras_vit.create_model(ViTConfig(name="digits", patch_size=4, hidden_size=32, mlp_dim=64,
+                                             num_heads=2, num_layers=2, image_size=16, num_channels=1,
+                                             num_classes=10))
+    compile_model(model, get_recipe("pretrain", learning_rate=1e-2, warmup_steps=20, weight_decay=0.0,
+                                    dropout_rate=0.0), total_steps=10 * 22)
+    model.fit(x[:1400], y[:1400], batch_size=64, epochs=10, verbose=0)
+    agreement, f32, bf16 = top1_agreement(model, x[1400:], "mixed_bfloat16")
+    assert (f32.argmax(-1) == y[1400:]).mean() > 0.75  # a trained model, not near-tied logits
+    assert not np.array_equal(f32, bf16) and np.abs(f32 - bf16).max() < 1.0  # bf16 ran, and is close
+    assert agreement >= 0.99, f"bf16 agrees with float32 on {agreement:.2%} of top-1"
+    same, a, b = top1_agreement(model, x[1400:], "float32")
+    assert same == 1.0 and np.array_equal(a, b)
+    twin = with_policy(model, "mixed_bfloat16")
+    assert twin.blocks[0].compute_dtype == "bfloat16" and twin.head.compute_dtype == "float32"
 
 
 @pytest.mark.parametrize("policy, jit", [("mixed_float16", False), ("mixed_bfloat16", True)])

@@ -58,3 +58,33 @@ def set_precision(precision: str = "auto") -> str:
     logging.info("precision: %s%s", policy, why)
     print(f"precision: {policy}{why}", flush=True)
     return policy
+
+
+def with_policy(model, policy: str):
+    """The same ViT (config and weights) with every layer under the dtype policy `policy`."""
+    from keras_vit.vit import create_model
+
+    twin = create_model(model.config, dtype=policy)
+    twin.set_weights(model.get_weights())
+    return twin
+
+
+def top1_agreement(model, images, policy: str = "mixed_bfloat16", batch_size: int = 64):
+    """How often `model` and its `policy` twin pick the same class.
+
+    Args:
+      model: a `VisionTransformer`, usually trained in float32.
+      images: `[N, H, W, C]` in [-1, 1], or a dataset of `(images, labels)` batches.
+    Returns:
+      (agreement in [0, 1], logits `[N, classes]` of `model`, logits of the twin).
+    """
+    twin = with_policy(model, policy)
+    if isinstance(images, tf.data.Dataset):
+        images = images.map(lambda x, *_: x)
+        ours, theirs = model.predict(images, verbose=0), twin.predict(images, verbose=0)
+    else:
+        ours = model.predict(images, batch_size=batch_size, verbose=0)
+        theirs = twin.predict(images, batch_size=batch_size, verbose=0)
+    if not len(ours):
+        raise ValueError("top1_agreement needs at least one image")
+    return float((ours.argmax(-1) == theirs.argmax(-1)).mean()), ours, theirs
