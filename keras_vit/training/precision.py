@@ -74,17 +74,13 @@ def top1_agreement(model, images, policy: str = "mixed_bfloat16", batch_size: in
 
     Args:
       model: a `VisionTransformer`, usually trained in float32.
-      images: `[N, H, W, C]` in [-1, 1], or a dataset of `(images, labels)` batches.
+      images: `[N, H, W, C]` in [-1, 1].
     Returns:
       (agreement in [0, 1], logits `[N, classes]` of `model`, logits of the twin).
     """
-    twin = with_policy(model, policy)
-    if isinstance(images, tf.data.Dataset):
-        images = images.map(lambda x, *_: x)
-        ours, theirs = model.predict(images, verbose=0), twin.predict(images, verbose=0)
-    else:
-        ours = model.predict(images, batch_size=batch_size, verbose=0)
-        theirs = twin.predict(images, batch_size=batch_size, verbose=0)
-    if not len(ours):
+    if not len(images):
         raise ValueError("top1_agreement needs at least one image")
+    twin = with_policy(model, policy)
+    ours = model.predict(images, batch_size=batch_size, verbose=0)
+    theirs = twin.predict(images, batch_size=batch_size, verbose=0)
     return float((ours.argmax(-1) == theirs.argmax(-1)).mean()), ours, theirs
