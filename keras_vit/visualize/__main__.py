@@ -18,6 +18,7 @@ import numpy as np
 from absl import app, flags
 
 COMMANDS = ("rollout", "posemb", "filters", "distance")
+NEED_IMAGES = ("rollout", "distance")
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("model", None, "A .keras file, an official .npz or a Hugging Face ViT directory.")
@@ -73,7 +74,7 @@ def _check_usage(commands) -> None:
                         + (f" (unknown: {' '.join(unknown)})" if unknown else ""))
     if not FLAGS.model:
         problems.append("--model is required")
-    needing = [c for c in commands if c in ("rollout", "distance")]
+    needing = [c for c in commands if c in NEED_IMAGES]
     if needing and not FLAGS.images:
         problems.append(f"{' and '.join(needing)} need{'s' if len(needing) == 1 else ''} --images")
     if problems:
@@ -94,7 +95,7 @@ def main(argv):
     print(f"Model {cfg.name}: {cfg.num_layers} blocks x {cfg.num_heads} heads, grid {cfg.grid_size[0]}x"
           f"{cfg.grid_size[1]}, position embedding {cfg.position_embedding}", flush=True)
     images = names = attention = None
-    if {"rollout", "distance"} & set(commands):
+    if set(NEED_IMAGES) & set(commands):
         images, names = _images(model)
         # One forward pass serves both figures.
         attention = vis.attention_weights(model, images, FLAGS.batch_size)
