@@ -36,16 +36,14 @@ def _images_per_second(model, images, batch_size):
 def main(argv):
     del argv
     import keras
-    from absl import logging
-
-    if not FLAGS["verbosity"].present:
-        logging.set_verbosity(logging.WARNING)  # TFDS logs every file it opens at INFO
 
     import keras_vit  # noqa: F401  (registers the saved model's classes)
     from keras_vit import data
     from keras_vit.training.precision import cpu_flags, has_fast_bf16_cpu, top1_agreement, with_policy
 
+    data.quiet_tfds_logs()
     model = keras.saving.load_model(FLAGS.model)
+    twin = with_policy(model, FLAGS.policy)
     cfg = model.config
     source = data.open_source(FLAGS.dataset, data_dir=FLAGS.data_dir)
     ds = data.make_dataset(source, FLAGS.split, image_size=cfg.image_size, batch_size=FLAGS.batch_size,
@@ -53,7 +51,7 @@ def main(argv):
     images = np.concatenate([x.numpy() for x, _ in ds])
     labels = np.concatenate([y.numpy() for _, y in ds])
     print(f"{FLAGS.model}: {cfg.name}, {len(images)} images of {FLAGS.dataset} {FLAGS.split}", flush=True)
-    agreement, ours, theirs = top1_agreement(model, images, FLAGS.policy, FLAGS.batch_size)
+    agreement, ours, theirs = top1_agreement(model, twin, images, FLAGS.batch_size)
     print(f"top-1 agreement float32 vs {FLAGS.policy}: {agreement:.2%} "
           f"({int(round((1 - agreement) * len(images)))} of {len(images)} differ)")
     print(f"test top-1: float32 {np.mean(ours.argmax(-1) == labels):.2%}, "
@@ -61,7 +59,7 @@ def main(argv):
     print(f"largest |logit difference|: {np.abs(ours - theirs).max():.4f}")
     fast = "yes" if has_fast_bf16_cpu(cpu_flags()) else "no (bf16 is emulated)"
     f32 = _images_per_second(model, images, FLAGS.batch_size)
-    bf16 = _images_per_second(with_policy(model, FLAGS.policy), images, FLAGS.batch_size)
+    bf16 = _images_per_second(twin, images, FLAGS.batch_size)
     print(f"images/s: float32 {f32:.0f}, {FLAGS.policy} {bf16:.0f} ({bf16 / f32:.2f}x); "
           f"AMX/AVX512-BF16 on this CPU: {fast}")
 

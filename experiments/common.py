@@ -17,14 +17,6 @@ RECIPE = {"learning_rate": 3e-3, "weight_decay": 0.05, "warmup_steps": 100, "dro
           "crop_area_min": 1.0}
 
 
-def quiet_logs():
-    """TFDS logs every file it opens at INFO; keep the experiment's own progress readable."""
-    from absl import flags, logging
-
-    if not flags.FLAGS["verbosity"].present:
-        logging.set_verbosity(logging.WARNING)
-
-
 def run_once(run_dir: str, steps: int, batch_size: int, seed: int, train_split: str = "train",
              model_overrides=None, build_model=None, dataset: str = "fashion_mnist_local") -> dict:
     """Trains one model (or reads the result of a finished run in `run_dir`) and returns metrics.json."""

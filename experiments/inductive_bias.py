@@ -87,10 +87,12 @@ def _plot(results, sizes, output_dir):
 
 def main(argv):
     del argv
-    common.quiet_logs()
     for kind in FLAGS.models:
         if kind not in ("resnet", "vit", "hybrid"):
             raise app.UsageError(f"--models takes resnet, vit and hybrid, got {kind!r}")
+    from keras_vit.data import quiet_tfds_logs
+
+    quiet_tfds_logs()
     sizes = [int(s) for s in FLAGS.train_sizes]
     seeds = [int(s) for s in FLAGS.seeds]
     total = len(FLAGS.models) * len(sizes) * len(seeds)

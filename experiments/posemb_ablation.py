@@ -58,7 +58,9 @@ def _similarity_figure(run_dir, output_dir, kind):
 
 def main(argv):
     del argv
-    common.quiet_logs()
+    from keras_vit.data import quiet_tfds_logs
+
+    quiet_tfds_logs()
     seeds = [int(s) for s in FLAGS.seeds]
     total = len(FLAGS.kinds) * len(seeds)
     results, done, start = {}, 0, time.time()

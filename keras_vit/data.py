@@ -117,6 +117,17 @@ class TFRecordSource:
                            deterministic=not shuffle_files)
 
 
+def quiet_tfds_logs() -> None:
+    """Raises absl's level to WARNING unless `--verbosity` was given.
+
+    TFDS logs every file it opens at INFO, which buries a command's own progress.
+    """
+    from absl import flags, logging
+
+    if not flags.FLAGS["verbosity"].present:
+        logging.set_verbosity(logging.WARNING)
+
+
 def prepare(builder) -> None:
     """`download_and_prepare` from the dataset's own sources (no GCS), one process at a time.
 

@@ -63,12 +63,10 @@ def define_flags():
 
 def main(argv):
     del argv
-    from absl import logging
-
+    from keras_vit.data import quiet_tfds_logs
     from keras_vit.training import TrainConfig, train
 
-    if not FLAGS["verbosity"].present:
-        logging.set_verbosity(logging.WARNING)  # TFDS logs every file it opens at INFO
+    quiet_tfds_logs()
 
     cfg = TrainConfig(
         model=FLAGS.model, model_overrides=json.loads(FLAGS.model_overrides), dataset=FLAGS.dataset,

@@ -261,14 +261,14 @@ def test_bfloat16_twin_of_a_trained_model_agrees_on_top1():
     compile_model(model, get_recipe("pretrain", learning_rate=1e-2, warmup_steps=20, weight_decay=0.0,
                                     dropout_rate=0.0), total_steps=10 * 22)
     model.fit(x[:1400], y[:1400], batch_size=64, epochs=10, verbose=0)
-    agreement, f32, bf16 = top1_agreement(model, x[1400:], "mixed_bfloat16")
+    twin = with_policy(model, "mixed_bfloat16")
+    assert twin.blocks[0].compute_dtype == "bfloat16" and twin.head.compute_dtype == "float32"
+    agreement, f32, bf16 = top1_agreement(model, twin, x[1400:])
     assert (f32.argmax(-1) == y[1400:]).mean() > 0.75  # a trained model, not near-tied logits
     assert not np.array_equal(f32, bf16) and np.abs(f32 - bf16).max() < 1.0  # bf16 ran, and is close
     assert agreement >= 0.99, f"bf16 agrees with float32 on {agreement:.2%} of top-1"
-    same, a, b = top1_agreement(model, x[1400:], "float32")
+    same, a, b = top1_agreement(model, with_policy(model, "float32"), x[1400:])
     assert same == 1.0 and np.array_equal(a, b)
-    twin = with_policy(model, "mixed_bfloat16")
-    assert twin.blocks[0].compute_dtype == "bfloat16" and twin.head.compute_dtype == "float32"
 
 
 @pytest.mark.parametrize("policy, jit", [("mixed_float16", False), ("mixed_bfloat16", True)])

@@ -69,18 +69,18 @@ def with_policy(model, policy: str):
     return twin
 
 
-def top1_agreement(model, images, policy: str = "mixed_bfloat16", batch_size: int = 64):
-    """How often `model` and its `policy` twin pick the same class.
+def top1_agreement(model, twin, images, batch_size: int = 64):
+    """How often `model` and `twin` (usually `with_policy(model, ...)`) pick the same class.
 
     Args:
-      model: a `VisionTransformer`, usually trained in float32.
+      model, twin: classifiers of the same images, e.g. a float32-trained
+        `VisionTransformer` and its mixed_bfloat16 twin.
       images: `[N, H, W, C]` in [-1, 1].
     Returns:
-      (agreement in [0, 1], logits `[N, classes]` of `model`, logits of the twin).
+      (agreement in [0, 1], logits `[N, classes]` of `model`, logits of `twin`).
     """
     if not len(images):
         raise ValueError("top1_agreement needs at least one image")
-    twin = with_policy(model, policy)
     ours = model.predict(images, batch_size=batch_size, verbose=0)
     theirs = twin.predict(images, batch_size=batch_size, verbose=0)
     return float((ours.argmax(-1) == theirs.argmax(-1)).mean()), ours, theirs

@@ -82,12 +82,10 @@ def _check_usage(commands) -> None:
 
 
 def main(argv):
-    from absl import logging
-
     from keras_vit import visualize as vis
+    from keras_vit.data import quiet_tfds_logs
 
-    if not FLAGS["verbosity"].present:
-        logging.set_verbosity(logging.WARNING)  # TFDS logs every file it opens at INFO
+    quiet_tfds_logs()
     commands = argv[1:]
     _check_usage(commands)
     model = load_model(FLAGS.model, FLAGS.image_size)
