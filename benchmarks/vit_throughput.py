@@ -93,10 +93,9 @@ def main(argv):
                         best[key][kind] = max(best[key][kind], rate[kind])
                     hub = rate.get("keras-hub")
                     share = rate["ours"] * flops_per_image / peak[compute]
+                    versus = f"{hub:.1f} | {rate['ours'] / hub:.2f}x" if hub else "- | -"
                     row = (f"| {name} | {precision} | {batch} | {'on' if jit else 'off'} | {rate['ours']:.1f} | "
-                           f"{hub:.1f} | {rate['ours'] / hub:.2f}x | {100 * share:.0f}% |" if hub else
-                           f"| {name} | {precision} | {batch} | {'on' if jit else 'off'} | {rate['ours']:.1f} | - | - "
-                           f"| {100 * share:.0f}% |")
+                           f"{versus} | {100 * share:.0f}% |")
                     rows.append(row)
                     print(row, flush=True)
     keras.mixed_precision.set_global_policy("float32")
