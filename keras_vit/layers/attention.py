@@ -96,7 +96,10 @@ class MultiHeadSelfAttention(keras.layers.Layer):
         # side by side (ViT-Ti/16, batch 8, 2 AVX2 cores) it was slower without XLA
         # (0.83x in float32, 0.37x in mixed_bfloat16) and no faster with it.
         qkv = ops.transpose(qkv, (2, 0, 3, 1, 4))  # [3, B, H, T, Dh]
-        q, k, v = qkv[0], qkv[1], qkv[2]
+        # Unstack, not qkv[0], qkv[1], qkv[2]: each slice's gradient is a zero-padded
+        # copy of all of qkv, summed, where unstack's is one stack. Measured side by
+        # side: train steps 1.2x faster (README Fashion-MNIST ViT), 1.14x (ViT-Ti/16).
+        q, k, v = ops.unstack(qkv, 3, axis=0)
         logits = ops.matmul(q, ops.transpose(k, (0, 1, 3, 2)))
         logits = ops.cast(logits, "float32") * (1.0 / math.sqrt(head_dim))
         if self.relative_grid is not None:
