@@ -90,7 +90,9 @@ class MultiHeadSelfAttention(keras.layers.Layer):
         shape = ops.shape(x)
         batch, seq, dim = shape[0], shape[1], x.shape[-1]
         head_dim = dim // self.num_heads
-        qkv = ops.matmul(x, self.qkv_kernel) + self.qkv_bias
+        # Projections run on [B*T, D]: a [B, T, D] @ [D, N] matmul is a broadcast batch
+        # matmul whose kernel gradient is B small matmuls plus a sum over B.
+        qkv = ops.matmul(ops.reshape(x, (-1, dim)), self.qkv_kernel) + self.qkv_bias
         qkv = ops.reshape(qkv, (batch, seq, 3, self.num_heads, head_dim))
         # Not ops.dot_product_attention: on the TF backend it is einsums too. Measured
         # side by side (ViT-Ti/16, batch 8, 2 AVX2 cores) it was slower without XLA
@@ -108,8 +110,8 @@ class MultiHeadSelfAttention(keras.layers.Layer):
         weights = ops.softmax(logits, axis=-1)
         dropped = self.attention_dropout(ops.cast(weights, x.dtype), training=training)
         out = ops.matmul(dropped, v)  # [B, H, T, Dh]
-        out = ops.reshape(ops.transpose(out, (0, 2, 1, 3)), (batch, seq, dim))
-        out = ops.matmul(out, self.out_kernel) + self.out_bias
+        out = ops.reshape(ops.transpose(out, (0, 2, 1, 3)), (-1, dim))
+        out = ops.reshape(ops.matmul(out, self.out_kernel) + self.out_bias, (batch, seq, dim))
         if return_attention:
             return out, weights
         return out

@@ -59,11 +59,13 @@ class MlpBlock(keras.layers.Layer):
         self.fc2.build(tuple(input_shape[:-1]) + (self.mlp_dim,))
 
     def call(self, x, training=None):
-        x = self.fc1(x)
+        # Dense on [B*T, D], not [B, T, D]: see MultiHeadSelfAttention.call.
+        shape = ops.shape(x)
+        x = self.fc1(ops.reshape(x, (-1, x.shape[-1])))
         x = keras.activations.gelu(x, approximate=self.gelu_approximate)
         x = self.dropout(x, training=training)
         x = self.fc2(x)
-        return self.dropout(x, training=training)
+        return ops.reshape(self.dropout(x, training=training), shape)
 
     def compute_output_shape(self, input_shape):
         return input_shape
