@@ -30,6 +30,29 @@ def best_seconds(fn: Callable[[], object], min_seconds: float = 2.0, min_iterati
     return float(np.min(times))
 
 
+def side_by_side(cases: Dict[str, Callable[[], object]], min_seconds: float = 2.0, min_rounds: int = 3,
+                 warmup: int = 1) -> Dict[str, float]:
+    """The fastest call of each case, in seconds, with the cases' calls interleaved.
+
+    Round r calls the cases in order, round r + 1 in reverse, until every case has had
+    `min_rounds` calls and `min_seconds` have passed in all. Timed one after the other,
+    a drift in the machine's load lands on one case only; interleaved, on both.
+    """
+    for fn in cases.values():
+        for _ in range(warmup):
+            _block(fn())
+    times = {name: [] for name in cases}
+    order = list(cases)
+    start = time.perf_counter()
+    while len(times[order[0]]) < min_rounds or time.perf_counter() - start < min_seconds:
+        for name in order:
+            t = time.perf_counter()
+            _block(cases[name]())
+            times[name].append(time.perf_counter() - t)
+        order.reverse()
+    return {name: float(np.min(t)) for name, t in times.items()}
+
+
 def _block(result):
     """Waits for a result: eager TF tensors are already computed once `.numpy()` returns."""
     import tensorflow as tf

@@ -4,7 +4,7 @@
     python -m benchmarks.vit_throughput --mode=train --models=ViT-Ti/16 --batch_sizes=32
 
 For every model, precision, batch size and XLA setting it times, in one process
-and side by side, our model and keras-hub's of the same architecture, and prints
+and with their calls interleaved, our model and keras-hub's of the same architecture, and prints
 images/s, the ratio ours / keras-hub, and achieved FLOP/s as a share of the
 `tf.matmul` peak measured in the same run in that precision's compute dtype.
 Inference counts 2 x MACs per image (`keras_vit.flops`); a training step 6 x.
@@ -27,7 +27,7 @@ flags.DEFINE_list("batch_sizes", ["1", "32"], "Batch sizes.")
 flags.DEFINE_list("precisions", ["float32", "mixed_bfloat16"], "Keras dtype policies.")
 flags.DEFINE_list("jit", ["false", "true"], "XLA settings to time.")
 flags.DEFINE_integer("image_size", 224, "Resolution.")
-flags.DEFINE_float("min_seconds", 2.0, "Time each case for at least this long (and 3 calls).")
+flags.DEFINE_float("min_seconds", 2.0, "Time each model for at least this long (and 3 calls).")
 flags.DEFINE_bool("keras_hub", True, "Also time keras-hub's ViTBackbone (needs `make bench`'s extra).")
 
 
@@ -79,14 +79,14 @@ def main(argv):
                 images = rng.uniform(-1, 1, (batch, *config.image_size, 3)).astype("float32")
                 labels = rng.randint(0, 1000, batch)
                 for jit in (j.lower() == "true" for j in FLAGS.jit):
-                    rate = {}
-                    for kind in kinds:
-                        model = _build(kind, config, num_classes)
-                        rate[kind] = batch / measure.best_seconds(_case(model, images, labels, jit),
-                                                                  FLAGS.min_seconds)
-                        del model
-                        keras.backend.clear_session()
-                        gc.collect()
+                    models = {kind: _build(kind, config, num_classes) for kind in kinds}
+                    seconds = measure.side_by_side(
+                        {kind: _case(m, images, labels, jit) for kind, m in models.items()},
+                        len(models) * FLAGS.min_seconds)
+                    rate = {kind: batch / s for kind, s in seconds.items()}
+                    del models
+                    keras.backend.clear_session()
+                    gc.collect()
                     key = (name, precision, batch)
                     for kind in kinds:
                         best.setdefault(key, {}).setdefault(kind, 0.0)
