@@ -47,6 +47,8 @@ def define_flags():
     flags.DEFINE_string("weights", None, "Checkpoint to start from (.npz or Hugging Face directory).")
     flags.DEFINE_enum("strategy", "auto", list(STRATEGIES), "tf.distribute strategy.")
     flags.DEFINE_string("tpu", None, "TPU name or grpc:// address for --strategy=tpu ('local' on a TPU VM).")
+    flags.DEFINE_string("tpu_zone", None, "GCE zone of a Cloud TPU named by --tpu (default: from metadata).")
+    flags.DEFINE_string("tpu_project", None, "GCP project of a Cloud TPU named by --tpu (default: from metadata).")
     flags.DEFINE_enum("precision", "auto", list(PRECISIONS), "Dtype policy; auto picks bf16 on bf16 hardware.")
     flags.DEFINE_bool("jit_compile", False, "XLA-compile the train step.")
     flags.DEFINE_integer("grad_accum", 1, "Gradient accumulation: micro-batches per update.")
@@ -75,7 +77,8 @@ def main(argv):
         batch_size=FLAGS.batch_size, recipe=FLAGS.recipe, learning_rate=FLAGS.learning_rate,
         weight_decay=FLAGS.weight_decay, warmup_steps=FLAGS.warmup_steps, decay=FLAGS.decay,
         dropout_rate=FLAGS.dropout_rate, label_smoothing=FLAGS.label_smoothing, loss=FLAGS.loss,
-        weights=FLAGS.weights, strategy=FLAGS.strategy, tpu=FLAGS.tpu, precision=FLAGS.precision,
+        weights=FLAGS.weights, strategy=FLAGS.strategy, tpu=FLAGS.tpu, tpu_zone=FLAGS.tpu_zone,
+        tpu_project=FLAGS.tpu_project, precision=FLAGS.precision,
         jit_compile=FLAGS.jit_compile, gradient_accumulation_steps=FLAGS.grad_accum,
         checkpoint_every=FLAGS.checkpoint_every, output_dir=FLAGS.output_dir, seed=FLAGS.seed,
         cache=FLAGS.cache, deterministic=FLAGS.deterministic, skip_bad_records=FLAGS.skip_bad_records,

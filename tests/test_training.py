@@ -113,6 +113,42 @@ def test_strategies_by_name():
         make_strategy("horovod")
 
 
+def test_tpu_strategy_is_built_from_the_flags(monkeypatch):
+    """No TPU here: the resolver, connection and initialisation are faked, and the test
+    checks what they are given and in which order."""
+    from keras_vit.training import distribute
+
+    calls = []
+
+    class Resolver:
+        def __init__(self, **kwargs):
+            calls.append(("resolver", kwargs))
+
+    monkeypatch.setattr(tf.distribute.cluster_resolver, "TPUClusterResolver", Resolver)
+    monkeypatch.setattr(tf.config, "experimental_connect_to_cluster", lambda r: calls.append(("connect", r)))
+    monkeypatch.setattr(tf.tpu.experimental, "initialize_tpu_system", lambda r: calls.append(("init", r)))
+    monkeypatch.setattr(tf.distribute, "TPUStrategy", lambda r: ("TPUStrategy", r))
+    kind, resolver = make_strategy("tpu", tpu="grpc://10.0.0.2:8470", tpu_zone="us-central2-b", tpu_project="p")
+    assert kind == "TPUStrategy"
+    assert calls == [("resolver", {"tpu": "grpc://10.0.0.2:8470", "zone": "us-central2-b", "project": "p"}),
+                     ("connect", resolver), ("init", resolver)]
+    calls.clear()
+    make_strategy("tpu", tpu="local")  # a TPU VM: the resolver finds the local chips
+    assert calls[0] == ("resolver", {"tpu": "", "zone": None, "project": None})
+
+    # train() hands the config's TPU fields (the CLI's --tpu, --tpu_zone, --tpu_project) on.
+    class Stop(Exception):
+        pass
+
+    def fake_make_strategy(name, **kwargs):
+        raise Stop(name, kwargs)
+
+    monkeypatch.setattr(distribute, "make_strategy", fake_make_strategy)
+    with pytest.raises(Stop) as stop:
+        train(TrainConfig(strategy="tpu", tpu="my-tpu", tpu_zone="z", tpu_project="p", precision="float32"))
+    assert stop.value.args == ("tpu", {"tpu": "my-tpu", "tpu_zone": "z", "tpu_project": "p"})
+
+
 def test_train_end_to_end_learns_and_writes_its_outputs(fake_fmnist, tmp_path):
     cfg = TrainConfig(model="ViT-Ti/16", model_overrides=TINY_OVERRIDES, data_dir=fake_fmnist, image_size=28,
                       steps=30, batch_size=32, learning_rate=3e-3, warmup_steps=3, dropout_rate=0.0,

@@ -45,6 +45,8 @@ class TrainConfig:
     weights: Optional[str] = None
     strategy: str = "auto"
     tpu: Optional[str] = None
+    tpu_zone: Optional[str] = None
+    tpu_project: Optional[str] = None
     precision: str = "auto"
     jit_compile: bool = False
     gradient_accumulation_steps: int = 1
@@ -84,7 +86,8 @@ def train(cfg: TrainConfig, source=None, build_model=None) -> dict:
     """
     keras.utils.set_random_seed(cfg.seed)
     policy = precision.set_precision(cfg.precision)
-    strategy = distribute.make_strategy(cfg.strategy, tpu=cfg.tpu)
+    strategy = distribute.make_strategy(cfg.strategy, tpu=cfg.tpu, tpu_zone=cfg.tpu_zone,
+                                         tpu_project=cfg.tpu_project)
     recipe = cfg.recipe_obj()
     if source is None:
         source = data.open_source(cfg.dataset, data_dir=cfg.data_dir, image_dir=cfg.image_dir)
