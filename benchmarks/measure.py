@@ -19,15 +19,7 @@ def best_seconds(fn: Callable[[], object], min_seconds: float = 2.0, min_iterati
 
     The minimum, not the mean: on a shared machine noise only ever adds time.
     """
-    for _ in range(warmup):
-        _block(fn())
-    times = []
-    start = time.perf_counter()
-    while len(times) < min_iterations or time.perf_counter() - start < min_seconds:
-        t = time.perf_counter()
-        _block(fn())
-        times.append(time.perf_counter() - t)
-    return float(np.min(times))
+    return side_by_side({"fn": fn}, min_seconds, min_iterations, warmup)["fn"]
 
 
 def side_by_side(cases: Dict[str, Callable[[], object]], min_seconds: float = 2.0, min_rounds: int = 3,
