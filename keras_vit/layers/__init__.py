@@ -3,12 +3,13 @@
 from keras_vit.layers.attention import MultiHeadSelfAttention
 from keras_vit.layers.embedding import ClassToken, PatchEmbedding, PositionEmbedding
 from keras_vit.layers.encoder import EncoderBlock, MlpBlock, StochasticDepth
-from keras_vit.layers.resnet import BottleneckUnit, ResNetStem, StdConv2D
+from keras_vit.layers.resnet import BottleneckUnit, GroupNorm, ResNetStem, StdConv2D
 
 __all__ = [
     "BottleneckUnit",
     "ClassToken",
     "EncoderBlock",
+    "GroupNorm",
     "MlpBlock",
     "MultiHeadSelfAttention",
     "PatchEmbedding",
