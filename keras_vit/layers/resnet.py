@@ -43,10 +43,10 @@ class GroupNorm(keras.layers.GroupNormalization):
 
     `[B, ..., C] -> [B, ..., C]`. TF reduces Keras's `[B, H, W, G, C/G]` view over
     (1, 2, 4) slowly: here the spatial axes are reduced first, to `[B, C]`, then each
-    group, and the result is applied as one scale and shift per image and channel in
-    the compute dtype. Statistics are float32, the variance E[x^2] - E[x]^2 as in
-    flax's GroupNorm, which the official models were trained with. On `[8, 56, 56, 256]`
-    this ran 1.9x faster forward and 1.4x forward + backward than Keras's `call`.
+    group, and the result is applied as one float32 scale and shift per image and
+    channel. The variance is E[x^2] - E[x]^2, as in flax's GroupNorm, which the
+    official models were trained with. On `[8, 56, 56, 256]` in mixed_bfloat16 this ran
+    1.7x faster forward and 1.4x forward + backward than Keras's `call`.
     """
 
     def call(self, inputs):
@@ -70,9 +70,8 @@ class GroupNorm(keras.layers.GroupNormalization):
         shift = -mean * scale
         if self.center:
             shift = shift + ops.cast(self.beta, "float32")
-        to_input = lambda t: ops.cast(  # noqa: E731
-            ops.reshape(t, (-1,) + (1,) * len(spatial) + (channels,)), inputs.dtype)
-        return inputs * to_input(scale) + to_input(shift)
+        per_image = lambda t: ops.reshape(t, (-1,) + (1,) * len(spatial) + (channels,))  # noqa: E731
+        return ops.cast(x * per_image(scale) + per_image(shift), inputs.dtype)
 
 
 def _group_norm(name, policy, zero_init=False):
