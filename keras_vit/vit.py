@@ -8,7 +8,7 @@ import keras
 from keras import ops
 
 from keras_vit.configs import ViTConfig, get_config
-from keras_vit.layers import ClassToken, EncoderBlock, PatchEmbedding, PositionEmbedding, ResNetStem
+from keras_vit.layers import ClassToken, EncoderBlock, LayerNorm, PatchEmbedding, PositionEmbedding, ResNetStem
 
 
 @keras.saving.register_keras_serializable(package="keras_vit")
@@ -46,8 +46,7 @@ class VisionTransformer(keras.Model):
                 name=f"encoderblock_{i}", **layer_kw)
             for i in range(c.num_layers)
         ]
-        self.encoder_norm = keras.layers.LayerNormalization(epsilon=c.layer_norm_epsilon,
-                                                            name="encoder_norm", **layer_kw)
+        self.encoder_norm = LayerNorm(epsilon=c.layer_norm_epsilon, name="encoder_norm", **layer_kw)
         self.pre_logits = (keras.layers.Dense(c.representation_size, activation="tanh",
                                               kernel_initializer="lecun_normal", name="pre_logits", **layer_kw)
                            if c.representation_size else None)

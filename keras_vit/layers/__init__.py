@@ -3,6 +3,7 @@
 from keras_vit.layers.attention import MultiHeadSelfAttention
 from keras_vit.layers.embedding import ClassToken, PatchEmbedding, PositionEmbedding
 from keras_vit.layers.encoder import EncoderBlock, MlpBlock, StochasticDepth
+from keras_vit.layers.normalization import LayerNorm
 from keras_vit.layers.resnet import BottleneckUnit, GroupNorm, ResNetStem, StdConv2D
 
 __all__ = [
@@ -10,6 +11,7 @@ __all__ = [
     "ClassToken",
     "EncoderBlock",
     "GroupNorm",
+    "LayerNorm",
     "MlpBlock",
     "MultiHeadSelfAttention",
     "PatchEmbedding",

@@ -6,6 +6,7 @@ import keras
 from keras import ops
 
 from keras_vit.layers.attention import MultiHeadSelfAttention
+from keras_vit.layers.normalization import LayerNorm
 
 
 @keras.saving.register_keras_serializable(package="keras_vit")
@@ -96,13 +97,11 @@ class EncoderBlock(keras.layers.Layer):
         self.relative_grid = None if relative_grid is None else tuple(int(g) for g in relative_grid)
         self.num_prefix_tokens = int(num_prefix_tokens)
         policy = self.dtype_policy
-        self.norm1 = keras.layers.LayerNormalization(epsilon=self.layer_norm_epsilon, dtype=policy,
-                                                     name="LayerNorm_0")
+        self.norm1 = LayerNorm(epsilon=self.layer_norm_epsilon, dtype=policy, name="LayerNorm_0")
         self.attention = MultiHeadSelfAttention(
             self.num_heads, self.attention_dropout_rate, relative_grid=self.relative_grid,
             num_prefix_tokens=self.num_prefix_tokens, dtype=policy, name="MultiHeadDotProductAttention_1")
-        self.norm2 = keras.layers.LayerNormalization(epsilon=self.layer_norm_epsilon, dtype=policy,
-                                                     name="LayerNorm_2")
+        self.norm2 = LayerNorm(epsilon=self.layer_norm_epsilon, dtype=policy, name="LayerNorm_2")
         self.mlp = MlpBlock(self.mlp_dim, self.dropout_rate, self.gelu_approximate, dtype=policy,
                             name="MlpBlock_3")
         self.dropout = keras.layers.Dropout(self.dropout_rate, dtype=policy)
