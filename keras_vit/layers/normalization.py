@@ -16,7 +16,8 @@ class LayerNorm(keras.layers.LayerNormalization):
     the forward pass is `(x - mean) * rstd * gamma + beta` and the gradient is the
     closed form, `rstd * (g - mean(g) - x_hat * mean(g * x_hat))` with `g = dy * gamma`.
     Measured side by side on `[32, 197, 768]`: 1.35x Keras's forward and 1.3x forward
-    plus backward in mixed_bfloat16, 1.3x both in float32.
+    plus backward in mixed_bfloat16, 1.3x both in float32; in whole ViT training steps
+    1.04-1.09x, while whole-model inference measured unchanged.
     """
 
     def call(self, inputs):
