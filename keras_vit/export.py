@@ -22,6 +22,7 @@ import numpy as np
 import tensorflow as tf
 
 from keras_vit import preprocessing
+from keras_vit.training import precision
 
 SIGNATURES = ("serving_default", "serving_examples", "predict_images")
 IMAGE_FEATURE = "image"
@@ -89,6 +90,7 @@ def export_saved_model(
     activation: str = "softmax",
     warmup: bool = True,
     models_config_prefix: Optional[str] = None,
+    weights_in_compute_dtype: bool = True,
 ) -> str:
     """Writes `model` as a TF Serving SavedModel under `path/<version>/`.
 
@@ -112,6 +114,9 @@ def export_saved_model(
       warmup: write `assets.extra/tf_serving_warmup_requests`.
       models_config_prefix: base-path prefix in `models.config` (e.g. "/models" where
         the server sees `path`'s parent there); default the absolute local path.
+      weights_in_compute_dtype: for a ViT under a mixed policy, store the weights in
+        the compute dtype (`precision.compute_dtype_twin`): the same outputs bit for
+        bit, half the size, and faster at small batches.
 
     Returns:
       The version directory written.
@@ -126,7 +131,8 @@ def export_saved_model(
     try:
         write_saved_model(model, staging, class_names=class_names, image_size=image_size, top_k=top_k,
                           activation=activation, warmup=warmup,
-                          model_name=os.path.basename(os.path.normpath(path)))
+                          model_name=os.path.basename(os.path.normpath(path)),
+                          weights_in_compute_dtype=weights_in_compute_dtype)
         os.rename(staging, final)
     finally:
         if os.path.exists(staging):
@@ -144,6 +150,7 @@ def write_saved_model(
     activation: str = "softmax",
     warmup: bool = True,
     model_name: str = "model",
+    weights_in_compute_dtype: bool = True,
 ) -> str:
     """Writes the SavedModel of `export_saved_model` at exactly `directory` (no version
     folder), e.g. a TFX Trainer's `serving_model_dir`. `model_name` goes into the
@@ -166,6 +173,8 @@ def write_saved_model(
     if tf.io.gfile.exists(directory) and tf.io.gfile.listdir(directory):
         raise FileExistsError(f"{directory} is not empty")
 
+    if weights_in_compute_dtype:
+        model = precision.compute_dtype_twin(model)
     graph = _ServingGraph(model, class_names, size, channels, min(top_k, num_classes), activation)
     archive = keras.export.ExportArchive()
     archive.track(model)
@@ -238,16 +247,24 @@ def main(argv):
     FLAGS = flags.FLAGS
     del argv
     model = keras.saving.load_model(FLAGS.model)
+    if FLAGS.precision is not None:
+        policy = precision.resolve_precision(FLAGS.precision)
+        if policy != precision.model_policy(model):
+            model = precision.with_policy(model, policy)
     names = None
     if FLAGS.class_names_file:
         with open(FLAGS.class_names_file) as f:
             names = [line.strip() for line in f if line.strip()]
     elif FLAGS.class_names:
         names = FLAGS.class_names
-    print(f"Exporting {FLAGS.model} ...", file=sys.stderr)
-    out = export_saved_model(model, FLAGS.output_dir, class_names=names, version=FLAGS.version,
+    stored = precision.compute_dtype_twin(model) if FLAGS.weights_in_compute_dtype else model
+    dtypes = sorted({w.dtype for w in stored.weights})
+    print(f"Exporting {FLAGS.model} (policy {precision.model_policy(model)}, weights stored as "
+          f"{', '.join(dtypes)}) ...", file=sys.stderr)
+    out = export_saved_model(stored, FLAGS.output_dir, class_names=names, version=FLAGS.version,
                              top_k=FLAGS.top_k, activation=FLAGS.activation,
-                             models_config_prefix=FLAGS.models_config_prefix)
+                             models_config_prefix=FLAGS.models_config_prefix,
+                             weights_in_compute_dtype=FLAGS.weights_in_compute_dtype)
     print(f"Wrote SavedModel to {out} and {os.path.join(os.path.dirname(os.path.abspath(FLAGS.output_dir)), 'models.config')}")
 
 
@@ -263,6 +280,12 @@ def _define_flags():
     flags.DEFINE_enum("activation", "softmax", ["softmax", "sigmoid"], "Output activation.")
     flags.DEFINE_string("models_config_prefix", None,
                         "Base-path prefix in models.config, e.g. /models inside the TF Serving container.")
+    flags.DEFINE_enum("precision", None, list(precision.PRECISIONS),
+                      "Dtype policy the SavedModel computes in, wherever it is served; default the one the "
+                      "model file names (float32 for keras_vit.train's). bf16 is fast only on AMX/AVX512-BF16 "
+                      "CPUs and recent GPUs, and auto means this machine's.")
+    flags.DEFINE_bool("weights_in_compute_dtype", True,
+                      "Under a mixed policy, store the weights in the compute dtype (same outputs, half the size).")
 
 
 def run():

@@ -277,6 +277,37 @@ def test_live_tf_serving_rest_and_grpc(exported):
         server.wait(timeout=30)
 
 
+def _variables(version_dir):
+    prefix = os.path.join(version_dir, "variables", "variables")
+    dtypes = tf.train.load_checkpoint(prefix).get_variable_to_dtype_map()
+    size = sum(os.path.getsize(os.path.join(version_dir, "variables", f))
+               for f in os.listdir(os.path.join(version_dir, "variables")) if ".data-" in f)
+    return {name: d.name for name, d in dtypes.items() if "/.ATTRIBUTES/" in name and d.is_floating}, size
+
+
+def test_mixed_precision_export_stores_bf16_weights_with_the_same_outputs(exported, tmp_path):
+    from keras_vit.training.precision import with_policy
+
+    mixed = with_policy(exported[0], "mixed_bfloat16")
+    cast = export_saved_model(mixed, str(tmp_path / "cast"), class_names=CLASSES, warmup=False)
+    kept = export_saved_model(mixed, str(tmp_path / "kept"), class_names=CLASSES, warmup=False,
+                              weights_in_compute_dtype=False)
+    cast_dtypes, cast_size = _variables(cast)
+    kept_dtypes, kept_size = _variables(kept)
+    assert set(kept_dtypes.values()) == {"float32"}
+    assert set(cast_dtypes.values()) == {"bfloat16", "float32"}
+    assert sum(d == "bfloat16" for d in cast_dtypes.values()) > len(cast_dtypes) // 2
+    assert cast_size < 0.7 * kept_size
+    images = sample_images()
+    expected, pre = expected_outputs(mixed, images)
+    for path in (cast, kept):
+        out = tf.saved_model.load(path).signatures["predict_images"](images=tf.constant(pre))
+        np.testing.assert_allclose(out["probabilities"].numpy(), expected, rtol=1e-6, atol=1e-7)
+        if path == cast:
+            first = out["probabilities"].numpy()
+    np.testing.assert_array_equal(first, out["probabilities"].numpy())
+
+
 def test_command_line_export_says_where_it_wrote(exported, tmp_path):
     model = exported[0]
     model.save(str(tmp_path / "tiny.keras"))
@@ -286,9 +317,25 @@ def test_command_line_export_says_where_it_wrote(exported, tmp_path):
     assert run.returncode == 0, run.stderr[-2000:]
     assert f"Wrote SavedModel to {tmp_path / 'serving' / 'tiny' / '1'}" in run.stdout
     assert (tmp_path / "serving" / "models.config").exists()
+    assert "policy float32, weights stored as float32" in run.stderr
     sig = tf.saved_model.load(str(tmp_path / "serving" / "tiny" / "1")).signatures["serving_default"]
     out = sig(image_bytes=tf.constant(sample_images()[:1]))
     assert out["class_names"].numpy()[0].decode() in CLASSES
+
+
+def test_command_line_export_in_another_precision(exported, tmp_path):
+    from keras_vit.training.precision import with_policy
+
+    exported[0].save(str(tmp_path / "tiny.keras"))
+    run = subprocess.run([sys.executable, "-m", "keras_vit.export", f"--model={tmp_path / 'tiny.keras'}",
+                          f"--output_dir={tmp_path / 'tiny'}", "--precision=mixed_bfloat16"],
+                         capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert "policy mixed_bfloat16, weights stored as bfloat16, float32" in run.stderr
+    assert "bfloat16" in _variables(str(tmp_path / "tiny" / "1"))[0].values()
+    expected, pre = expected_outputs(with_policy(exported[0], "mixed_bfloat16"), sample_images())
+    out = tf.saved_model.load(str(tmp_path / "tiny" / "1")).signatures["predict_images"](images=tf.constant(pre))
+    np.testing.assert_allclose(out["probabilities"].numpy(), expected, rtol=1e-6, atol=1e-7)
 
 
 def test_serving_matches_the_training_input_pipeline(exported, tmp_path):

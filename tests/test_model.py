@@ -9,6 +9,7 @@ import pytest
 
 import keras_vit
 from keras_vit import ViTConfig
+from keras_vit.training.precision import compute_dtype_twin, with_policy
 
 TINY = dict(hidden_size=32, mlp_dim=64, num_heads=4, num_layers=2, patch_size=8, image_size=32,
             num_classes=5)
@@ -63,6 +64,31 @@ def test_keras_file_round_trip_gives_identical_outputs(tmp_path, changes):
     assert isinstance(loaded, keras_vit.VisionTransformer)
     assert loaded.config == model.config
     np.testing.assert_array_equal(loaded.predict(x, verbose=0), model.predict(x, verbose=0))
+
+
+@pytest.mark.parametrize("policy", ["mixed_bfloat16", "mixed_float16"])
+@pytest.mark.parametrize("changes", [
+    dict(representation_size=16),
+    dict(classifier="gap", position_embedding="relative"),
+    dict(patch_size=1, resnet={"num_layers": (1,), "width_factor": 0.5}),
+])
+def test_compute_dtype_twin_holds_cast_weights_and_gives_the_same_outputs(policy, changes):
+    mixed = with_policy(randomise(tiny(**changes)), policy)
+    twin = compute_dtype_twin(mixed)
+    compute = policy.split("_")[1]
+    assert {w.dtype for w in mixed.weights} == {"float32"}
+    # What mixed precision never casts stays float32: the head and the LayerNorms.
+    kept = {w.path for w in mixed.weights if not w._autocast} | {"head/kernel", "head/bias"}
+    assert any("LayerNorm_0/gamma" in p for p in kept)
+    assert {w.path for w in twin.weights if w.dtype == "float32"} == kept
+    assert {w.dtype for w in twin.weights} == {compute, "float32"}
+    x = images(4)
+    out = mixed.predict(x, verbose=0)
+    assert not np.allclose(out, 0)
+    np.testing.assert_array_equal(twin.predict(x, verbose=0), out)
+    assert compute_dtype_twin(twin) is twin
+    float32 = with_policy(mixed, "float32")
+    assert compute_dtype_twin(float32) is float32
 
 
 def test_non_square_images_and_any_multiple_of_the_patch():

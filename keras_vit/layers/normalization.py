@@ -11,7 +11,8 @@ class LayerNorm(keras.layers.LayerNormalization):
     """Keras's LayerNormalization (same weights, config and maths) over the last axis.
 
     `[..., D] -> [..., D]` in the compute dtype; statistics and the normalisation run
-    in float32, as in Keras. Keras's graph broadcasts `rsqrt(var) * gamma` to the
+    in float32, as in Keras, and gamma and beta are float32 under any 16-bit policy,
+    "bfloat16" included. Keras's graph broadcasts `rsqrt(var) * gamma` to the
     whole input and its autodiff gradient adds a Tile and several passes more. Here
     the forward pass is `(x - mean) * rstd * gamma + beta` and the gradient is the
     closed form, `rstd * (g - mean(g) - x_hat * mean(g * x_hat))` with `g = dy * gamma`.
@@ -19,6 +20,14 @@ class LayerNorm(keras.layers.LayerNormalization):
     plus backward in mixed_bfloat16, 1.3x both in float32; in whole ViT training steps
     1.04-1.09x, while whole-model inference measured unchanged.
     """
+
+    def add_weight(self, *args, **kwargs):
+        # Keras never autocasts these weights (they enter the float32 normalisation as
+        # they are), so they stay float32 under a 16-bit-variable policy too: the
+        # twin of precision.compute_dtype_twin then matches its mixed model bit for bit.
+        if kwargs.get("dtype") is None and self.variable_dtype in ("bfloat16", "float16"):
+            kwargs["dtype"] = "float32"
+        return super().add_weight(*args, **kwargs)
 
     def call(self, inputs):
         if (self.axis not in ([-1], [len(inputs.shape) - 1]) or self.rms_scaling

@@ -62,11 +62,42 @@ def set_precision(precision: str = "auto") -> str:
 
 def with_policy(model, policy: str):
     """The same ViT (config and weights) with every layer under the dtype policy `policy`."""
-    from keras_vit.vit import create_model
+    from keras_vit.vit import VisionTransformer, create_model
 
+    if not isinstance(model, VisionTransformer):
+        raise TypeError(f"with_policy needs a keras_vit VisionTransformer, got {type(model).__name__}")
     twin = create_model(model.config, dtype=policy)
     twin.set_weights(model.get_weights())
     return twin
+
+
+def model_policy(model) -> str:
+    """The dtype policy a model's layers compute in (a ViT's head is float32 under any)."""
+    from keras_vit.vit import VisionTransformer
+
+    return (model.patch_embed if isinstance(model, VisionTransformer) else model).dtype_policy.name
+
+
+def compute_dtype_twin(model):
+    """For inference: `model` with its weights stored in its compute dtype.
+
+    Under a mixed policy (mixed_bfloat16, mixed_float16) every layer keeps float32
+    weights and casts them to the compute dtype at each call. The twin (same config,
+    layers under the plain compute-dtype policy, the head still float32) holds them
+    already cast, so its outputs are bit-identical to `model`'s, its weights take half
+    the memory, and the per-call casts are gone: ViT-B/16 in bf16 at batch 1 ran 1.3x
+    faster (README, Performance). A float32 model, or one that is not a
+    `VisionTransformer`, comes back as it is. Not for training: the optimizer would
+    then update bf16 weights.
+    """
+    from keras_vit.vit import VisionTransformer
+
+    if not isinstance(model, VisionTransformer):
+        return model
+    policy = keras.DTypePolicy(model_policy(model))
+    if policy.variable_dtype == policy.compute_dtype:
+        return model
+    return with_policy(model, policy.compute_dtype)
 
 
 def top1_agreement(model, twin, images, batch_size: int = 64):
