@@ -106,6 +106,23 @@ def test_saved_model_cli_lists_the_three_signatures(exported):
             assert f"outputs['{name}'] tensor_info:\n        dtype: {dt}\n        shape: {sh}" in block
 
 
+def test_saved_model_needs_no_xla(exported):
+    """TF Serving refuses XLA-compiled functions on CPU unless started with
+    --xla_cpu_compilation_enabled; training's XLA-fused GELU must stay out."""
+    from tensorflow.core.protobuf import saved_model_pb2
+
+    _, _, path = exported
+    saved = saved_model_pb2.SavedModel()
+    with open(os.path.join(path, "saved_model.pb"), "rb") as f:
+        saved.ParseFromString(f.read())
+    graph = saved.meta_graphs[0].graph_def
+    functions = list(graph.library.function)
+    assert functions
+    compiled = [f.signature.name for f in functions if f.attr["_XlaMustCompile"].b]
+    ops = {n.op for n in graph.node} | {n.op for f in functions for n in f.node_def}
+    assert not compiled and not ops & {"XlaLaunch", "_XlaCompile", "_XlaRun"}, compiled
+
+
 def test_saved_model_cli_run_on_a_png(exported, tmp_path):
     npy = tmp_path / "inputs.npy"
     np.save(npy, np.array([sample_images()[0]], dtype="S"))  # fixed-width bytes: no pickle

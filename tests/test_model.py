@@ -176,6 +176,15 @@ def test_dropout_and_stochastic_depth_only_act_in_training():
     assert rates == [0.0, 0.3]
 
 
+@pytest.mark.parametrize("changes", [{}, {"classifier": "gap"}, {"position_embedding": "relative"}])
+def test_training_and_inference_compute_the_same_function(changes):
+    """Training takes another GELU (XLA-fused) and the stochastic-depth branches;
+    with no dropout it must give inference's logits."""
+    model = randomise(tiny(**changes))
+    x = images()
+    np.testing.assert_allclose(model(x, training=True), model(x, training=False), atol=1e-5)
+
+
 def test_fit_reduces_the_loss_on_a_learnable_task():
     model = tiny(num_classes=2)
     x = images(64, seed=3)
