@@ -90,7 +90,9 @@ class VisionTransformer(keras.Model):
             if return_tokens:
                 tokens.append(x)
         encoded = self.encoder_norm(x)
-        pooled = encoded[:, 0] if self.class_token is not None else ops.mean(encoded, axis=1)
+        # The class token's row alone when that is all the head reads (LayerNorm is per
+        # token): in a functional model `encoded` is then pruned from the logits' graph.
+        pooled = self.encoder_norm(x[:, 0]) if self.class_token is not None else ops.mean(encoded, axis=1)
         if self.pre_logits is not None:
             pooled = self.pre_logits(pooled)
         logits = self.head(pooled) if self.head is not None else pooled

@@ -94,15 +94,24 @@ class MlpBlock(keras.layers.Layer):
 
     def call(self, x, training=None):
         # Dense on [B*T, D], not [B, T, D]: see MultiHeadSelfAttention.call.
-        shape = ops.shape(x)
-        x = self.fc1(ops.reshape(x, (-1, x.shape[-1])))
+        return ops.reshape(self.transform(ops.reshape(x, (-1, x.shape[-1])), training), ops.shape(x))
+
+    def transform(self, tokens, training=None):
+        """The block on tokens flattened to `[B * T, D]`; its last op is fc2's BiasAdd.
+
+        (Before dropout, which is the identity at inference: a residual added to it
+        then fuses into fc2's matmul, as in MultiHeadSelfAttention.attend.)
+        """
+        x = self.fc1(tokens)
         if training and self.gelu_approximate:
             x = gelu_tanh_for_training(x)
         else:
             x = keras.activations.gelu(x, approximate=self.gelu_approximate)
         x = self.dropout(x, training=training)
-        x = self.fc2(x)
-        return ops.reshape(self.dropout(x, training=training), shape)
+        # fc2's own call would add its bias with +, which grappler folds with the
+        # residual into an AddN; bias_add keeps MatMul + BiasAdd + Add fusable.
+        x = tf.nn.bias_add(ops.matmul(x, self.fc2.kernel), self.fc2.bias)
+        return self.dropout(x, training=training)
 
     def compute_output_shape(self, input_shape):
         return input_shape
@@ -148,14 +157,24 @@ class EncoderBlock(keras.layers.Layer):
             layer.build(input_shape)
 
     def call(self, x, training=None, return_attention=False):
-        y, weights = self.attention(self.norm1(x), training=training, return_attention=True)
-        y = self.dropout(y, training=training)
-        x = x + self.drop_path(y, training=training)
-        y = self.mlp(self.norm2(x), training=training)
-        x = x + self.drop_path(y, training=training)
+        shape = ops.shape(x)
+        # The residual stream is [B*T, D] inside the block, so that at inference each
+        # residual add fuses into the matmul before it (MatMul + BiasAdd + Add, one
+        # oneDNN op): the out projection's and fc2's.
+        x = ops.reshape(x, (-1, x.shape[-1]))
+        y, weights = self.attention.attend(self.norm1(x), shape[0], shape[1], training=training)
+        x = x + self._drop_path(self.dropout(y, training=training), shape, training)
+        x = x + self._drop_path(self.mlp.transform(self.norm2(x), training=training), shape, training)
+        x = ops.reshape(x, shape)
         if return_attention:
-            return x, weights
+            return x, ops.cast(weights, "float32")
         return x
+
+    def _drop_path(self, y, shape, training):
+        # Stochastic depth drops whole examples, so it needs the [B, T, D] view.
+        if not training or self.drop_path.rate == 0.0:
+            return y
+        return ops.reshape(self.drop_path(ops.reshape(y, shape), training=training), ops.shape(y))
 
     def compute_output_shape(self, input_shape):
         return input_shape
