@@ -6,7 +6,9 @@ The revision's `keras_vit` is exported with `git archive` into a temporary direc
 and imported as `keras_vit_base`. Both models get the same random weights, and their
 calls are interleaved (`measure.side_by_side`), so drift in the machine's load lands
 on both. Prints ms per call and the working tree's speedup. For inference it also
-prints the largest logit difference and the top-1 agreement between the two.
+prints the largest logit difference and the top-1 agreement between the two. The
+weights are random, so the logits are nearly tied: read the difference, since top-1
+can flip on a tiny one (especially at batch 1).
 A change's speedup measured this way is what the README reports. Figures, never
 assertions.
 """
