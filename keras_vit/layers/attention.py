@@ -49,6 +49,24 @@ def num_relative_positions(grid_size, num_prefix_tokens) -> int:
     return (2 * gh - 1) * (2 * gw - 1) + (3 if num_prefix_tokens else 0)
 
 
+@tf.function(jit_compile=True)
+def _softmax_backward(y, dy):
+    y32, dy32 = tf.cast(y, tf.float32), tf.cast(dy, tf.float32)
+    return tf.cast((dy32 - tf.reduce_sum(dy32 * y32, axis=-1, keepdims=True)) * y32, dy.dtype)
+
+
+@tf.custom_gradient
+def softmax_for_training(logits):
+    """Softmax over the last axis whose gradient is one XLA-fused kernel (float32 inside).
+
+    TF's softmax gradient is four passes over `[B, H, T, T]` (two Muls, a Sum, a
+    Sub), slow in bfloat16 on CPU. Used for bfloat16 logits while training, like the
+    encoder's GELU: the SavedModel must not need XLA.
+    """
+    weights = tf.nn.softmax(logits, axis=-1)
+    return weights, lambda dy: _softmax_backward(weights, dy)
+
+
 @keras.saving.register_keras_serializable(package="keras_vit")
 class MultiHeadSelfAttention(keras.layers.Layer):
     """Scaled dot-product self-attention over `[B, T, D]` tokens.
@@ -123,7 +141,10 @@ class MultiHeadSelfAttention(keras.layers.Layer):
         if self.relative_grid is not None:
             bias = ops.take(ops.cast(self.relative_bias, logits.dtype), self._relative_index, axis=0)
             logits = logits + ops.transpose(bias, (2, 0, 1))[None]
-        weights = ops.softmax(logits, axis=-1)
+        if training and logits.dtype == "bfloat16":
+            weights = softmax_for_training(logits)  # float32's own gradient measured no faster
+        else:
+            weights = ops.softmax(logits, axis=-1)
         dropped = self.attention_dropout(ops.cast(weights, tokens.dtype), training=training)
         out = ops.matmul(dropped, v)  # [B, H, T, Dh]
         # To tokens' own shape, not (-1, D): with a dynamic batch, grappler must see
