@@ -216,6 +216,25 @@ def test_stochastic_depth_drops_whole_examples_inside_the_block():
     assert 0 < changed[:, 0].sum() < 64
 
 
+def _bf16_exact(shape, seed, scale=1.0):
+    """float64 values that bfloat16 holds exactly, so every dtype sees the same inputs."""
+    import tensorflow as tf
+
+    values = np.random.RandomState(seed).normal(0, scale, shape)
+    return tf.cast(tf.cast(values, tf.bfloat16), tf.float64)
+
+
+def _value_and_grad(fn, x, dy, dtype):
+    """`fn(x)` and its gradient for the upstream `dy`, computed in `dtype`, as float64."""
+    import tensorflow as tf
+
+    xs = tf.cast(x, dtype)
+    with tf.GradientTape() as tape:
+        tape.watch(xs)
+        y = fn(xs)
+    return np.float64(y), np.float64(tape.gradient(y, xs, output_gradients=tf.cast(dy, dtype)))
+
+
 def test_training_gelu_is_tanh_gelu_with_its_gradient():
     """Training uses gelu_tanh_for_training (XLA-fused, closed-form gradient: bf16
     ViT-Ti/16 train steps 1.5x faster); it must equal tf.nn.gelu's tanh form."""
@@ -223,18 +242,8 @@ def test_training_gelu_is_tanh_gelu_with_its_gradient():
 
     from keras_vit.layers.encoder import gelu_tanh_for_training
 
-    rng = np.random.RandomState(0)
-    # Values exact in bfloat16, so every dtype sees the same inputs.
-    x = tf.cast(tf.cast(rng.normal(0, 3, (64, 48)), tf.bfloat16), tf.float64)
-    dy = tf.cast(tf.cast(rng.normal(size=(64, 48)), tf.bfloat16), tf.float64)
-
-    def value_and_grad(fn, dtype):
-        xs = tf.cast(x, dtype)
-        with tf.GradientTape() as tape:
-            tape.watch(xs)
-            y = fn(xs)
-        return np.float64(y), np.float64(tape.gradient(y, xs, output_gradients=tf.cast(dy, dtype)))
-
+    x, dy = _bf16_exact((64, 48), 0, scale=3.0), _bf16_exact((64, 48), 1)
+    value_and_grad = lambda fn, dtype: _value_and_grad(fn, x, dy, dtype)  # noqa: E731
     reference = lambda t: tf.nn.gelu(t, approximate=True)  # noqa: E731
     y64, g64 = value_and_grad(reference, tf.float64)
     y, g = value_and_grad(gelu_tanh_for_training, tf.float32)
@@ -253,17 +262,8 @@ def test_training_softmax_is_softmax_with_its_gradient():
 
     from keras_vit.layers.attention import softmax_for_training
 
-    rng = np.random.RandomState(0)
-    logits = tf.cast(tf.cast(rng.normal(0, 3, (2, 3, 17, 17)), tf.bfloat16), tf.float64)
-    dy = tf.cast(tf.cast(rng.normal(size=(2, 3, 17, 17)), tf.bfloat16), tf.float64)
-
-    def value_and_grad(fn, dtype):
-        x = tf.cast(logits, dtype)
-        with tf.GradientTape() as tape:
-            tape.watch(x)
-            y = fn(x)
-        return np.float64(y), np.float64(tape.gradient(y, x, output_gradients=tf.cast(dy, dtype)))
-
+    logits, dy = _bf16_exact((2, 3, 17, 17), 0, scale=3.0), _bf16_exact((2, 3, 17, 17), 1)
+    value_and_grad = lambda fn, dtype: _value_and_grad(fn, logits, dy, dtype)  # noqa: E731
     reference = lambda t: tf.nn.softmax(t, axis=-1)  # noqa: E731
     y64, g64 = value_and_grad(reference, tf.float64)
     y, g = value_and_grad(softmax_for_training, tf.float32)
