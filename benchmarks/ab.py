@@ -64,22 +64,14 @@ def import_revision(rev: str, into: str):
 
 
 def _cases(models, images, labels):
-    import tensorflow as tf
-
+    cases = {k: measure.model_call(m, images, labels, FLAGS.mode) for k, m in models.items()}
     if FLAGS.mode == "inference":
-        fns = {k: tf.function(lambda x, m=m: m(x, training=False)) for k, m in models.items()}
-        logits = {k: f(images).numpy() for k, f in fns.items()}
+        logits = {k: call().numpy() for k, call in cases.items()}
         diff = np.abs(logits["base"] - logits["tree"]).max()
         agree = (logits["base"].argmax(-1) == logits["tree"].argmax(-1)).mean()
         print(f"  max |logit difference| {diff:.3g} (largest logit {np.abs(logits['base']).max():.3g}), "
               f"top-1 agreement {agree:.3f}")
-        return {k: (lambda f=f: f(images)) for k, f in fns.items()}
-    import keras
-
-    for m in models.values():
-        m.compile(optimizer=keras.optimizers.AdamW(1e-4),
-                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-    return {k: (lambda m=m: m.train_on_batch(images, labels)) for k, m in models.items()}
+    return cases
 
 
 def main(argv):

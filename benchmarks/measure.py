@@ -45,6 +45,27 @@ def side_by_side(cases: Dict[str, Callable[[], object]], min_seconds: float = 2.
     return {name: float(np.min(t)) for name, t in times.items()}
 
 
+def model_call(model, images, labels, mode: str = "inference", jit: bool = False) -> Callable[[], object]:
+    """A zero-argument call to time: a forward pass (returns the logits) or a training step.
+
+    `mode` "inference" runs `model(images, training=False)` in a tf.function; "train"
+    compiles `model` with AdamW and sparse cross-entropy on logits and runs
+    `train_on_batch(images, labels)`. `jit` XLA-compiles either.
+    """
+    import tensorflow as tf
+
+    if mode == "inference":
+        forward = tf.function(lambda x: model(x, training=False), jit_compile=jit, reduce_retracing=True)
+        return lambda: forward(images)
+    if mode != "train":
+        raise ValueError(f"mode must be 'inference' or 'train', got {mode!r}")
+    import keras
+
+    model.compile(optimizer=keras.optimizers.AdamW(1e-4),
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), jit_compile=jit)
+    return lambda: model.train_on_batch(images, labels)
+
+
 def _block(result):
     """Waits for a result: eager TF tensors are already computed once `.numpy()` returns."""
     import tensorflow as tf

@@ -31,19 +31,6 @@ flags.DEFINE_float("min_seconds", 2.0, "Time each model for at least this long (
 flags.DEFINE_bool("keras_hub", True, "Also time keras-hub's ViTBackbone (needs `make bench`'s extra).")
 
 
-def _case(model, images, labels, jit):
-    import tensorflow as tf
-
-    if FLAGS.mode == "inference":
-        forward = tf.function(lambda x: model(x, training=False), jit_compile=jit, reduce_retracing=True)
-        return lambda: forward(images)
-    import keras
-
-    model.compile(optimizer=keras.optimizers.AdamW(1e-4),
-                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), jit_compile=jit)
-    return lambda: model.train_on_batch(images, labels)
-
-
 def _build(kind, config, num_classes):
     import keras_vit
 
@@ -81,7 +68,8 @@ def main(argv):
                 for jit in (j.lower() == "true" for j in FLAGS.jit):
                     models = {kind: _build(kind, config, num_classes) for kind in kinds}
                     seconds = measure.side_by_side(
-                        {kind: _case(m, images, labels, jit) for kind, m in models.items()},
+                        {kind: measure.model_call(m, images, labels, FLAGS.mode, jit)
+                         for kind, m in models.items()},
                         len(models) * FLAGS.min_seconds)
                     rate = {kind: batch / s for kind, s in seconds.items()}
                     del models

@@ -199,7 +199,8 @@ def test_softmax_runs_in_bfloat16_only_under_mixed_bfloat16(policy, softmax_dtyp
         tf.TensorSpec((None, 5, 8))).graph
     (softmax,) = [op for op in graph.get_operations() if op.type == "Softmax"]
     assert softmax.get_attr("T").name == softmax_dtype
-    out, weights = layer(np.random.RandomState(0).normal(size=(2, 5, 8)).astype("float32"), return_attention=True)
+    x = np.random.RandomState(0).normal(size=(2, 5, 8)).astype("float32")
+    _, weights = layer(x, return_attention=True)
     assert weights.dtype == "float32"
     np.testing.assert_allclose(ops.sum(weights, axis=-1), 1.0, atol=1e-2)
 
@@ -250,7 +251,8 @@ def test_training_gelu_is_tanh_gelu_with_its_gradient():
     np.testing.assert_allclose(y, y64, atol=1e-5)
     np.testing.assert_allclose(g, g64, atol=1e-5)
     # In bfloat16, no less accurate than autodiff of tf.nn.gelu.
-    ours, autodiff = value_and_grad(gelu_tanh_for_training, tf.bfloat16), value_and_grad(reference, tf.bfloat16)
+    ours = value_and_grad(gelu_tanh_for_training, tf.bfloat16)
+    autodiff = value_and_grad(reference, tf.bfloat16)
     assert np.abs(ours[0] - y64).max() <= 1.5 * np.abs(autodiff[0] - y64).max()
     assert np.abs(ours[1] - g64).max() <= 1.5 * np.abs(autodiff[1] - g64).max()
 

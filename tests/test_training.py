@@ -307,7 +307,8 @@ def test_bfloat16_twin_of_a_trained_model_agrees_on_top1():
     assert same == 1.0 and np.array_equal(a, b)
 
 
-@pytest.mark.parametrize("policy, jit", [("mixed_float16", False), ("mixed_bfloat16", False), ("mixed_bfloat16", True)])
+@pytest.mark.parametrize("policy, jit", [("mixed_float16", False), ("mixed_bfloat16", False),
+                                         ("mixed_bfloat16", True)])
 def test_mixed_precision_and_xla_train(policy, jit):
     keras.mixed_precision.set_global_policy(policy)
     model = keras_vit.create_model(TINY)
