@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import functools
+
 import keras
+import tensorflow as tf
 from keras import ops
 
 
@@ -19,6 +22,11 @@ class LayerNorm(keras.layers.LayerNormalization):
     Measured side by side on `[32, 197, 768]`: 1.35x Keras's forward and 1.3x forward
     plus backward in mixed_bfloat16, 1.3x both in float32; in whole ViT training steps
     1.04-1.09x, while whole-model inference measured unchanged.
+
+    At inference on CPUs with oneDNN, the graph takes the form grappler rewrites into
+    oneDNN's own layer norm (`_MklLayerNorm`, one pass), in the compute dtype with
+    gamma and beta cast to it. On AMX cores it ran 2.6x faster than the float32
+    graph on `[6304, 192]` bf16 and 4.3x on `[6304, 768]`.
     """
 
     def add_weight(self, *args, **kwargs):
@@ -29,11 +37,51 @@ class LayerNorm(keras.layers.LayerNormalization):
             kwargs["dtype"] = "float32"
         return super().add_weight(*args, **kwargs)
 
-    def call(self, inputs):
+    def call(self, inputs, training=None):
         if (self.axis not in ([-1], [len(inputs.shape) - 1]) or self.rms_scaling
                 or not (self.scale and self.center)):
             return super().call(inputs)
+        if not training and len(inputs.shape) in (2, 3) and self.compute_dtype in _ONEDNN_DTYPES \
+                and _onednn_on_cpu():
+            return _layer_norm_for_onednn(inputs, self.gamma, self.beta, self.epsilon, self.compute_dtype)
         return _layer_norm(inputs, self.gamma, self.beta, self.epsilon, self.compute_dtype)
+
+
+_ONEDNN_DTYPES = ("float32", "bfloat16")
+
+
+@functools.lru_cache(maxsize=None)
+def _onednn_on_cpu():
+    """True when TF rewrites graphs for oneDNN and places them on the CPU (no GPU)."""
+    from tensorflow.python.util import _pywrap_util_port
+
+    return bool(_pywrap_util_port.IsMklEnabled()) and not tf.config.list_logical_devices("GPU")
+
+
+def _layer_norm_for_onednn(inputs, gamma, beta, epsilon, dtype):
+    """LayerNorm over the last axis of a rank-2 or rank-3 input, as grappler's remapper
+    matches it for `_MklLayerNorm`.
+
+    The pattern (TF's remapper, FindMklLayerNorm) is Keras 2's: the input reshaped to
+    `[1, rows, D, 1]` NCHW, a training-mode FusedBatchNormV3 over it (one "channel" per
+    row) with `Fill`ed unit scale and zero offset and empty mean and variance, reshaped
+    back, times gamma plus beta. Where the rewrite does not happen (no oneDNN, XLA),
+    the same graph still computes the layer norm, through FusedBatchNormV3.
+    """
+    x = tf.cast(inputs, dtype)
+    shape = tf.shape(x)
+    rows = tf.reduce_prod(shape[:-1])
+    # With a static batch, constant folding would turn the Fills into Consts and the
+    # remapper would no longer match; a PlaceholderWithDefault is never folded.
+    rows = tf.raw_ops.PlaceholderWithDefault(input=rows, shape=[])
+    fill_shape = tf.reshape(rows, [1])
+    y, *_ = tf.raw_ops.FusedBatchNormV3(
+        x=tf.reshape(x, tf.stack([1, rows, shape[-1], 1])),
+        scale=tf.fill(fill_shape, tf.constant(1.0, tf.float32)),
+        offset=tf.fill(fill_shape, tf.constant(0.0, tf.float32)),
+        mean=tf.constant([], tf.float32), variance=tf.constant([], tf.float32),
+        epsilon=float(epsilon), data_format="NCHW", is_training=True)
+    return tf.reshape(y, shape) * tf.cast(gamma, dtype) + tf.cast(beta, dtype)
 
 
 def _layer_norm(inputs, gamma, beta, epsilon, out_dtype):
