@@ -15,7 +15,6 @@ assertions.
 
 from __future__ import annotations
 
-import gc
 import os
 import re
 import subprocess
@@ -33,6 +32,7 @@ flags.DEFINE_enum("mode", "inference", ["inference", "train"], "Forward passes, 
 flags.DEFINE_list("models", ["ViT-Ti/16"], "Registered model names.")
 flags.DEFINE_list("precisions", ["float32", "mixed_bfloat16"], "Keras dtype policies.")
 flags.DEFINE_integer("batch_size", 32, "Images per call.")
+flags.DEFINE_bool("jit", False, "XLA-compile both revisions' calls.")
 flags.DEFINE_integer("image_size", 224, "Resolution.")
 flags.DEFINE_float("min_seconds", 6.0, "Time the pair for at least this long (and 3 calls each).")
 
@@ -64,7 +64,7 @@ def import_revision(rev: str, into: str):
 
 
 def _cases(models, images, labels):
-    cases = {k: measure.model_call(m, images, labels, FLAGS.mode) for k, m in models.items()}
+    cases = {k: measure.model_call(m, images, labels, FLAGS.mode, FLAGS.jit) for k, m in models.items()}
     if FLAGS.mode == "inference":
         logits = {k: call().numpy() for k, call in cases.items()}
         diff = np.abs(logits["base"] - logits["tree"]).max()
@@ -88,9 +88,10 @@ def main(argv):
         rows = []
         for name in FLAGS.models:
             for precision in FLAGS.precisions:
-                keras.mixed_precision.set_global_policy(precision)
-                models = {"base": base.create_model(name, num_classes=1000, image_size=FLAGS.image_size),
-                          "tree": keras_vit.create_model(name, num_classes=1000, image_size=FLAGS.image_size)}
+                models = measure.fresh_models(lambda: {
+                    "base": base.create_model(name, num_classes=1000, image_size=FLAGS.image_size),
+                    "tree": keras_vit.create_model(name, num_classes=1000, image_size=FLAGS.image_size)},
+                    precision)
                 rng = np.random.RandomState(0)
                 weights = [rng.normal(0, 0.05, v.shape).astype("float32") for v in models["base"].weights]
                 if [w.shape for w in weights] != [tuple(v.shape) for v in models["tree"].weights]:
@@ -100,17 +101,16 @@ def main(argv):
                 images = rng.uniform(-1, 1, (FLAGS.batch_size, *models["base"].config.image_size, 3))
                 images = images.astype("float32")
                 labels = rng.randint(0, 1000, FLAGS.batch_size)
-                print(f"{name}, {precision}, batch {FLAGS.batch_size}, {FLAGS.mode}:", flush=True)
+                print(f"{name}, {precision}, batch {FLAGS.batch_size}, {FLAGS.mode}, XLA {FLAGS.jit}:", flush=True)
                 seconds = measure.side_by_side(_cases(models, images, labels), FLAGS.min_seconds)
                 row = (f"| {name} | {precision} | {FLAGS.mode} | {1e3 * seconds['base']:.1f} | "
                        f"{1e3 * seconds['tree']:.1f} | {seconds['base'] / seconds['tree']:.3f}x |")
                 print(row, flush=True)
                 rows.append(row)
                 del models
-                keras.backend.clear_session()
-                gc.collect()
         keras.mixed_precision.set_global_policy("float32")
-    print(f"\nbatch {FLAGS.batch_size}, {FLAGS.image_size} px, base {FLAGS.base} ({rev})")
+    print(f"\nbatch {FLAGS.batch_size}, {FLAGS.image_size} px, XLA {'on' if FLAGS.jit else 'off'}, "
+          f"base {FLAGS.base} ({rev})")
     print("| model | precision | mode | base ms | tree ms | tree speedup |\n|---|---|---|---:|---:|---:|")
     print("\n".join(rows))
 

@@ -6,6 +6,7 @@ compared with, so that ratios survive a shared, noisy machine.
 
 from __future__ import annotations
 
+import gc
 import resource
 import time
 from typing import Callable, Dict
@@ -43,6 +44,27 @@ def side_by_side(cases: Dict[str, Callable[[], object]], min_seconds: float = 2.
             times[name].append(time.perf_counter() - t)
         order.reverse()
     return {name: float(np.min(t)) for name, t in times.items()}
+
+
+def fresh_models(build: Callable[[], Dict[str, object]], policy: str) -> Dict[str, object]:
+    """Builds a case's models (`build()` returns them by name) in a cleared Keras session
+    under the dtype policy `policy`.
+
+    `keras.backend.clear_session()` also resets the global dtype policy to float32, so
+    the policy is set after it, and every model is checked to have been built under it.
+    (Until this was shared, every mixed_bfloat16 case of `vit_throughput` but the
+    first of each model ran in float32.)
+    """
+    import keras
+
+    keras.backend.clear_session()
+    gc.collect()
+    keras.mixed_precision.set_global_policy(policy)
+    models = build()
+    for name, model in models.items():
+        if model.dtype_policy.name != policy:
+            raise RuntimeError(f"{name} was built under {model.dtype_policy.name}, not {policy}")
+    return models
 
 
 def model_call(model, images, labels, mode: str = "inference", jit: bool = False) -> Callable[[], object]:

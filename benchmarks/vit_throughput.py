@@ -13,8 +13,6 @@ Figures, never assertions.
 
 from __future__ import annotations
 
-import gc
-
 import numpy as np
 from absl import app, flags
 
@@ -59,22 +57,20 @@ def main(argv):
         config = get_config(name).replace(image_size=FLAGS.image_size, num_classes=max(num_classes, 1))
         flops_per_image = flop_factor * flops.forward_macs(config)
         for precision in FLAGS.precisions:
-            keras.mixed_precision.set_global_policy(precision)
             compute = "bfloat16" if "bfloat16" in precision else "float32"
             for batch in (int(b) for b in FLAGS.batch_sizes):
                 rng = np.random.RandomState(0)
                 images = rng.uniform(-1, 1, (batch, *config.image_size, 3)).astype("float32")
                 labels = rng.randint(0, 1000, batch)
                 for jit in (j.lower() == "true" for j in FLAGS.jit):
-                    models = {kind: _build(kind, config, num_classes) for kind in kinds}
+                    models = measure.fresh_models(
+                        lambda: {kind: _build(kind, config, num_classes) for kind in kinds}, precision)
                     seconds = measure.side_by_side(
                         {kind: measure.model_call(m, images, labels, FLAGS.mode, jit)
                          for kind, m in models.items()},
                         len(models) * FLAGS.min_seconds)
                     rate = {kind: batch / s for kind, s in seconds.items()}
                     del models
-                    keras.backend.clear_session()
-                    gc.collect()
                     key = (name, precision, batch)
                     for kind in kinds:
                         best.setdefault(key, {}).setdefault(kind, 0.0)

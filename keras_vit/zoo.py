@@ -39,7 +39,9 @@ def describe(name: str, image_size: int, num_classes: int) -> dict:
         "heads": cfg.num_heads,
     }
     del model
+    policy = keras.mixed_precision.global_policy()
     keras.backend.clear_session()
+    keras.mixed_precision.set_global_policy(policy)  # clear_session resets it to float32
     return row
 
 
