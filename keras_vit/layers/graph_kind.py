@@ -1,0 +1,27 @@
+"""Which kind of graph a layer is being traced into, for ops whose fastest form differs."""
+
+from __future__ import annotations
+
+import functools
+
+import tensorflow as tf
+
+
+def compiling_with_xla() -> bool:
+    """True while tracing inside a `tf.function(jit_compile=True)`, Keras's
+    `jit_compile=True` included: XLA then fuses elementwise work itself and maps
+    float32 softmaxes to oneDNN's, so the forms written for TF's own executor lose."""
+    from tensorflow.python.framework import ops as tf_ops
+    from tensorflow.python.ops import control_flow_util
+
+    if tf.executing_eagerly():
+        return False
+    return bool(control_flow_util.GraphOrParentsInXlaContext(tf_ops.get_default_graph()))
+
+
+@functools.lru_cache(maxsize=None)
+def onednn_on_cpu() -> bool:
+    """True when TF rewrites graphs for oneDNN and places them on the CPU (no GPU)."""
+    from tensorflow.python.util import _pywrap_util_port
+
+    return bool(_pywrap_util_port.IsMklEnabled()) and not tf.config.list_logical_devices("GPU")
