@@ -155,7 +155,10 @@ FRESH_PROCESS = textwrap.dedent("""
 """)
 
 
-def test_fresh_process_without_keras_vit_gives_the_models_probabilities(exported, tmp_path):
+@pytest.mark.parametrize("onednn", ["1", "0"])
+def test_fresh_process_without_keras_vit_gives_the_models_probabilities(exported, tmp_path, onednn):
+    """Also with oneDNN's graph rewrites off (TF_ENABLE_ONEDNN_OPTS=0): the LayerNorms
+    were exported in the form oneDNN rewrites, which must compute the same without it."""
     model, _, path = exported
     images = sample_images()
     expected, pre = expected_outputs(model, images)
@@ -164,7 +167,7 @@ def test_fresh_process_without_keras_vit_gives_the_models_probabilities(exported
     np.save(tmp_path / "pre.npy", pre)
     script = tmp_path / "serve.py"
     script.write_text(FRESH_PROCESS)
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env = {**{k: v for k, v in os.environ.items() if k != "PYTHONPATH"}, "TF_ENABLE_ONEDNN_OPTS": onednn}
     run = subprocess.run([sys.executable, str(script), path, str(tmp_path), str(tmp_path / "out.npz")],
                          env=env, cwd=str(tmp_path), capture_output=True, text=True)
     assert run.returncode == 0, run.stderr[-3000:]

@@ -163,7 +163,7 @@ class MultiHeadSelfAttention(keras.layers.Layer):
         # against exact float32 measured 0.0086 against the float32 softmax's 0.0078.
         # float16 overflows at 65504, so its softmax stays float32. Under XLA, float32:
         # XLA maps only a float32 softmax to oneDNN's and fuses the casts (ViT-Ti/16
-        # bf16 inference with XLA 1.16x).
+        # bf16 inference with XLA 1.17x).
         if compute_dtype == "bfloat16" and not graph_kind.compiling_with_xla():
             return "bfloat16"
         return "float32"
