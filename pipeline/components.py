@@ -297,11 +297,38 @@ def blessing_reasons(evaluation_uri: str) -> List[str]:
         result = tfma.load_validation_result(evaluation_uri)
     except Exception as e:  # noqa: BLE001  (a missing or unreadable result)
         return [f"no validation result in {evaluation_uri} ({e})"]
-    reasons = []
-    for failure in result.metric_validations_per_slice:
-        for f in failure.failures:
-            reasons.append(f"{f.metric_key.name}: {f.message}")
+    reasons = [failure_sentence(f) for per_slice in result.metric_validations_per_slice
+               for f in per_slice.failures]
     return reasons or ["the Evaluator did not bless it"]
+
+
+def failure_sentence(failure) -> str:
+    """One TFMA `ValidationFailure` as a sentence: the metric, its value and the threshold.
+
+    TFMA leaves `message` empty for threshold failures, so the sentence is built from
+    the value and the threshold it failed.
+    """
+    from tensorflow_model_analysis.proto import config_pb2
+
+    name = failure.metric_key.name
+    if failure.message:
+        return f"{name}: {failure.message}"
+    value = failure.metric_value.double_value.value
+    threshold = failure.metric_threshold
+    if failure.metric_key.is_diff and threshold.HasField("change_threshold"):
+        change = threshold.change_threshold
+        higher = change.direction == config_pb2.MetricDirection.HIGHER_IS_BETTER
+        limit = change.absolute.value if change.HasField("absolute") else change.relative.value
+        kind = "absolute" if change.HasField("absolute") else "relative"
+        return (f"{name} changed by {value:+.4f} against the latest blessed model; the {kind} change "
+                f"must be {'at least' if higher else 'at most'} {limit:g}")
+    bounds = threshold.value_threshold
+    wanted = []
+    if bounds.HasField("lower_bound"):
+        wanted.append(f">= {bounds.lower_bound.value:g}")
+    if bounds.HasField("upper_bound"):
+        wanted.append(f"<= {bounds.upper_bound.value:g}")
+    return f"{name} is {value:.4f}; it must be {' and '.join(wanted) or 'within its threshold'}"
 
 
 @component

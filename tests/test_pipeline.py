@@ -163,9 +163,30 @@ def test_worse_model_is_not_pushed(runs):
     assert summary["executions"]["Evaluator"] == "COMPLETE"
     assert summary["pushed"] is False
     assert summary["reason"].startswith("not blessed")
-    assert "sparse_categorical_accuracy" in summary["reason"]
+    assert "sparse_categorical_accuracy changed by -0." in summary["reason"]
+    assert "against the latest blessed model" in summary["reason"]
     assert summary["accuracy"] < runs["first"][0]["accuracy"]
     assert sorted(os.listdir(runs["base"] / "serving" / "fmnist")) == ["1"]
+
+
+def test_failed_thresholds_read_as_sentences():
+    """TFMA leaves the failure message empty; the reason names the value and the threshold."""
+    from google.protobuf import text_format
+    from tensorflow_model_analysis.proto import validation_result_pb2
+
+    from pipeline.components import failure_sentence
+
+    def failure(text):
+        return text_format.Parse(text, validation_result_pb2.ValidationFailure())
+
+    change = failure('metric_key { name: "acc" is_diff: true } metric_value { double_value { value: -0.0045 } } '
+                     'metric_threshold { change_threshold { absolute { value: -1e-10 } direction: HIGHER_IS_BETTER } }')
+    assert failure_sentence(change) == ("acc changed by -0.0045 against the latest blessed model; "
+                                        "the absolute change must be at least -1e-10")
+    value = failure('metric_key { name: "acc" } metric_value { double_value { value: 0.1 } } '
+                    'metric_threshold { value_threshold { lower_bound { value: 0.6 } upper_bound { value: 1 } } }')
+    assert failure_sentence(value) == "acc is 0.1000; it must be >= 0.6 and <= 1"
+    assert failure_sentence(failure('metric_key { name: "acc" } message: "boom"')) == "acc: boom"
 
 
 def _example(image, label):
