@@ -318,8 +318,8 @@ def failure_sentence(failure) -> str:
     if failure.metric_key.is_diff and threshold.HasField("change_threshold"):
         change = threshold.change_threshold
         higher = change.direction == config_pb2.MetricDirection.HIGHER_IS_BETTER
-        limit = change.absolute.value if change.HasField("absolute") else change.relative.value
         kind = "absolute" if change.HasField("absolute") else "relative"
+        limit = getattr(change, kind).value
         return (f"{name} changed by {value:+.4f} against the latest blessed model; the {kind} change "
                 f"must be {'at least' if higher else 'at most'} {limit:g}")
     bounds = threshold.value_threshold
