@@ -181,6 +181,43 @@ def test_fresh_process_without_keras_vit_gives_the_models_probabilities(exported
                                        -np.sort(-expected, axis=-1)[:, :5], atol=1e-5)
 
 
+@pytest.mark.parametrize("onednn", ["1", "0"])
+def test_bf16_export_in_a_fresh_process_takes_either_projection_form(exported, tmp_path, onednn):
+    """A mixed_bfloat16 export holds both forms of the encoder's projections (1x1
+    convolutions from CONV_MIN_ROWS rows, matmuls below): batches on each side of
+    the threshold give the Keras model's probabilities, with oneDNN's rewrites on or off."""
+    from keras_vit.layers.projection import CONV_MIN_ROWS
+    from keras_vit.training.precision import with_policy
+
+    mixed = with_policy(exported[0], "mixed_bfloat16")
+    path = export_saved_model(mixed, str(tmp_path / "bf16"), class_names=CLASSES, warmup=False)
+    tokens = mixed.get_layer("posembed_input").output.shape[1]
+    many = sample_images() * -(-CONV_MIN_ROWS // (tokens * len(sample_images())))
+    assert len(many) * tokens >= CONV_MIN_ROWS > len(sample_images()) * tokens
+    expected = {}
+    for name, images in (("few", sample_images()), ("many", many)):
+        expected[name], pre = expected_outputs(mixed, images)
+        folder = tmp_path / name
+        folder.mkdir()
+        for i, image in enumerate(images):
+            (folder / f"{i:03d}.img").write_bytes(image)
+        np.save(folder / "pre.npy", pre)
+        # And the mixed model in either form is the float32 model, to bf16 rounding.
+        np.testing.assert_allclose(expected[name], expected_outputs(exported[0], images)[0], atol=2e-3)
+    script = tmp_path / "serve.py"
+    script.write_text(FRESH_PROCESS)
+    env = {**{k: v for k, v in os.environ.items() if k != "PYTHONPATH"}, "TF_ENABLE_ONEDNN_OPTS": onednn}
+    for name in expected:
+        out_file = tmp_path / f"{name}.npz"
+        run = subprocess.run([sys.executable, str(script), path, str(tmp_path / name), str(out_file)],
+                             env=env, cwd=str(tmp_path), capture_output=True, text=True)
+        assert run.returncode == 0, run.stderr[-3000:]
+        with np.load(out_file) as out:
+            for kind in ("bytes", "examples", "pre"):
+                # TF's own kernels (oneDNN off) round to bf16 in other places.
+                np.testing.assert_allclose(out[f"{kind}_probabilities"], expected[name], atol=2e-3)
+
+
 def test_in_graph_preprocessing_matches_the_input_pipeline():
     scaled = lambda a: a.astype(np.float32) / np.float32(127.5) - np.float32(1)  # noqa: E731
     rgb = np.random.RandomState(1).randint(0, 256, (32, 32, 3), dtype=np.uint8)

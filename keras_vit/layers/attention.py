@@ -9,7 +9,7 @@ import numpy as np
 import tensorflow as tf
 from keras import ops
 
-from keras_vit.layers import graph_kind
+from keras_vit.layers import graph_kind, projection
 
 
 def _glorot_blocks(num_blocks):
@@ -116,18 +116,18 @@ class MultiHeadSelfAttention(keras.layers.Layer):
             return out, ops.cast(weights, "float32")
         return out
 
-    def attend(self, tokens, batch, seq, training=None):
+    def attend(self, tokens, batch, seq, training=None, residual=None):
         """Attention over tokens flattened to `[B * T, D]`.
 
-        Returns the projected output `[B * T, D]` and the weights `[B, H, T, T]` (in the
-        softmax dtype). The output's last op is a BiasAdd of a MatMul, so a residual
-        added to it on `[B * T, D]` fuses into one oneDNN matmul (EncoderBlock does).
+        Returns the projected output `[B * T, D]` (plus `residual` `[B * T, D]` if
+        given, which then fuses into the out projection at inference) and the weights
+        `[B, H, T, T]` (in the softmax dtype).
         """
         dim = tokens.shape[-1]
         head_dim = dim // self.num_heads
         # Projections run on [B*T, D]: a [B, T, D] @ [D, N] matmul is a broadcast batch
         # matmul whose kernel gradient is B small matmuls plus a sum over B.
-        qkv = ops.matmul(tokens, self.qkv_kernel) + self.qkv_bias
+        qkv = projection.project(tokens, self.qkv_kernel, self.qkv_bias, training=training)
         qkv = ops.reshape(qkv, (batch, seq, 3, self.num_heads, head_dim))
         # Not ops.dot_product_attention: on the TF backend it is einsums too. Measured
         # side by side (ViT-Ti/16, batch 8, 2 AVX2 cores) it was slower without XLA
@@ -149,11 +149,8 @@ class MultiHeadSelfAttention(keras.layers.Layer):
             weights = ops.softmax(logits, axis=-1)
         dropped = self.attention_dropout(ops.cast(weights, tokens.dtype), training=training)
         out = ops.matmul(dropped, v)  # [B, H, T, Dh]
-        # To tokens' own shape, not (-1, D): with a dynamic batch, grappler must see
-        # that the residual and this output match for the Add to fuse.
         out = tf.reshape(ops.transpose(out, (0, 2, 1, 3)), tf.shape(tokens))
-        # bias_add, not +: grappler folds x + (out @ W + b) into an AddN and fuses nothing.
-        return tf.nn.bias_add(ops.matmul(out, self.out_kernel), self.out_bias), weights
+        return projection.project(out, self.out_kernel, self.out_bias, residual, training), weights
 
     @staticmethod
     def _softmax_dtype(compute_dtype):

@@ -8,6 +8,7 @@ import keras
 import tensorflow as tf
 from keras import ops
 
+from keras_vit.layers import projection
 from keras_vit.layers.attention import MultiHeadSelfAttention
 from keras_vit.layers.normalization import LayerNorm
 
@@ -96,21 +97,21 @@ class MlpBlock(keras.layers.Layer):
         # Dense on [B*T, D], not [B, T, D]: see MultiHeadSelfAttention.call.
         return ops.reshape(self.transform(ops.reshape(x, (-1, x.shape[-1])), training), ops.shape(x))
 
-    def transform(self, tokens, training=None):
-        """The block on tokens flattened to `[B * T, D]`; its last op is fc2's BiasAdd.
+    def transform(self, tokens, training=None, residual=None):
+        """The block on tokens flattened to `[B * T, D]`.
 
-        (Before dropout, which is the identity at inference: a residual added to it
-        then fuses into fc2's matmul, as in MultiHeadSelfAttention.attend.)
+        With `residual` (`[B * T, D]`, at inference only, where dropout is the
+        identity) the result is `residual + block(tokens)`, added inside fc2's op.
         """
+        if residual is not None and training:
+            raise ValueError("a residual is fused into fc2 at inference only")
         x = self.fc1(tokens)
         if training and self.gelu_approximate:
             x = gelu_tanh_for_training(x)
         else:
             x = keras.activations.gelu(x, approximate=self.gelu_approximate)
         x = self.dropout(x, training=training)
-        # fc2's own call would add its bias with +, which grappler folds with the
-        # residual into an AddN; bias_add keeps MatMul + BiasAdd + Add fusable.
-        x = tf.nn.bias_add(ops.matmul(x, self.fc2.kernel), self.fc2.bias)
+        x = projection.project(x, self.fc2.kernel, self.fc2.bias, residual, training)
         return self.dropout(x, training=training)
 
     def compute_output_shape(self, input_shape):
@@ -159,12 +160,16 @@ class EncoderBlock(keras.layers.Layer):
     def call(self, x, training=None, return_attention=False):
         shape = ops.shape(x)
         # The residual stream is [B*T, D] inside the block, so that at inference each
-        # residual add fuses into the matmul before it (MatMul + BiasAdd + Add, one
-        # oneDNN op): the out projection's and fc2's.
+        # residual add fuses into the projection before it (one oneDNN op): the out
+        # projection's and fc2's.
         x = ops.reshape(x, (-1, x.shape[-1]))
-        y, weights = self.attention.attend(self.norm1(x), shape[0], shape[1], training=training)
-        x = x + self._drop_path(self.dropout(y, training=training), shape, training)
-        x = x + self._drop_path(self.mlp.transform(self.norm2(x), training=training), shape, training)
+        if training:
+            y, weights = self.attention.attend(self.norm1(x), shape[0], shape[1], training=True)
+            x = x + self._drop_path(self.dropout(y, training=True), shape, True)
+            x = x + self._drop_path(self.mlp.transform(self.norm2(x), training=True), shape, True)
+        else:
+            x, weights = self.attention.attend(self.norm1(x), shape[0], shape[1], residual=x)
+            x = self.mlp.transform(self.norm2(x), residual=x)
         x = ops.reshape(x, shape)
         if return_attention:
             return x, ops.cast(weights, "float32")
@@ -172,7 +177,7 @@ class EncoderBlock(keras.layers.Layer):
 
     def _drop_path(self, y, shape, training):
         # Stochastic depth drops whole examples, so it needs the [B, T, D] view.
-        if not training or self.drop_path.rate == 0.0:
+        if self.drop_path.rate == 0.0:
             return y
         return ops.reshape(self.drop_path(ops.reshape(y, shape), training=training), ops.shape(y))
 
