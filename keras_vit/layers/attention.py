@@ -149,6 +149,8 @@ class MultiHeadSelfAttention(keras.layers.Layer):
             weights = ops.softmax(logits, axis=-1)
         dropped = self.attention_dropout(ops.cast(weights, tokens.dtype), training=training)
         out = ops.matmul(dropped, v)  # [B, H, T, Dh]
+        # To tokens' own shape, not (-1, D): with a dynamic batch, grappler must see
+        # that the residual and this output match for the Add to fuse.
         out = tf.reshape(ops.transpose(out, (0, 2, 1, 3)), tf.shape(tokens))
         return projection.project(out, self.out_kernel, self.out_bias, residual, training), weights
 
