@@ -23,8 +23,8 @@ def project(tokens, kernel, bias, residual=None, training=None):
       training: the Keras training flag. Only inference takes the convolution form.
 
     Returns:
-      `[N, M]` in the tokens' dtype, computed as one oneDNN op (product, bias and
-      residual) where TF runs oneDNN.
+      `[N, M]` in the tokens' dtype. Where TF runs oneDNN, product, bias and residual
+      are one op (in the convolution form, the residual only with a static batch).
     """
     kernel, bias = tf.cast(kernel, tokens.dtype), tf.cast(bias, tokens.dtype)
     if training or tokens.dtype != tf.bfloat16 or not graph_kind.onednn_on_cpu() \
@@ -48,9 +48,11 @@ def _as_matmul(tokens, kernel, bias, residual):
 def _as_pointwise_conv(tokens, kernel, bias, residual):
     """The map as a 1x1 Conv2D over `[1, N, 1, K]`, with the same result bit for bit.
 
-    In bfloat16, oneDNN runs MatMul + BiasAdd (TF's `_MklNativeFusedMatMul`, an inner
-    product) far below the plain matmul's speed when K is the model width, and the
-    same convolution with its bias and residual at the matmul's. Measured on AMX
+    Grappler fuses MatMul + BiasAdd into `_MklNativeFusedMatMul`, which oneDNN runs as
+    an inner product on TF's plain weight layout: in bfloat16 that takes its AVX-512
+    gemm, not the AMX kernels (`ONEDNN_VERBOSE=1`: `x64:gemm:jit`), far below the plain
+    matmul's speed when K is the model width. The convolution, with its bias and
+    residual, runs on AMX (`brgconv_1x1`) at the matmul's. Measured on AMX
     cores at 6304 rows: [768, 2304] 1.76x, [768, 768] with a residual 1.73x, [192, 576]
     1.9x; ViT-B/16 inference 1.20x and ViT-Ti/16 1.15x at batch 32. In float32 the two
     forms ran at the same speed, so float32 keeps the matmul.
