@@ -54,8 +54,9 @@ def _as_pointwise_conv(tokens, kernel, bias, residual):
     matmul's speed when K is the model width. The convolution, with its bias and
     residual, runs on AMX (`brgconv_1x1`) at the matmul's. Measured on AMX
     cores at 6304 rows: [768, 2304] 1.76x, [768, 768] with a residual 1.73x, [192, 576]
-    1.9x; ViT-B/16 inference 1.20x and ViT-Ti/16 1.15x at batch 32. In float32 the two
-    forms ran at the same speed, so float32 keeps the matmul.
+    1.9x; ViT-B/16 inference 1.20x and ViT-Ti/16 1.15x at batch 32. In float32 the
+    convolution was no faster (0.63-1.10x, `benchmarks/projection_forms.py`), so float32
+    keeps the matmul.
     """
     width, out = kernel.shape
     y = tf.nn.conv2d(tf.reshape(tokens, [1, -1, 1, width]), tf.reshape(kernel, [1, 1, width, out]),
