@@ -25,3 +25,9 @@ def onednn_on_cpu() -> bool:
     from tensorflow.python.util import _pywrap_util_port
 
     return bool(_pywrap_util_port.IsMklEnabled()) and not tf.config.list_logical_devices("GPU")
+
+
+def onednn_inference(training) -> bool:
+    """True when a call at inference is traced for TF's own executor with oneDNN on the
+    CPU: where the layers take the graph forms that oneDNN's rewrites run fastest."""
+    return not training and onednn_on_cpu() and not compiling_with_xla()

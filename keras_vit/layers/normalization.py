@@ -43,8 +43,8 @@ class LayerNorm(keras.layers.LayerNormalization):
         if (self.axis not in ([-1], [len(inputs.shape) - 1]) or self.rms_scaling
                 or not (self.scale and self.center)):
             return super().call(inputs)
-        if not training and len(inputs.shape) in (2, 3) and self.compute_dtype in _ONEDNN_DTYPES \
-                and graph_kind.onednn_on_cpu() and not graph_kind.compiling_with_xla():
+        if len(inputs.shape) in (2, 3) and self.compute_dtype in _ONEDNN_DTYPES \
+                and graph_kind.onednn_inference(training):
             return _layer_norm_for_onednn(inputs, self.gamma, self.beta, self.epsilon, self.compute_dtype)
         return _layer_norm(inputs, self.gamma, self.beta, self.epsilon, self.compute_dtype)
 

@@ -27,8 +27,7 @@ def project(tokens, kernel, bias, residual=None, training=None):
       are one op (in the convolution form, the residual only with a static batch).
     """
     kernel, bias = tf.cast(kernel, tokens.dtype), tf.cast(bias, tokens.dtype)
-    if training or tokens.dtype != tf.bfloat16 or not graph_kind.onednn_on_cpu() \
-            or graph_kind.compiling_with_xla():
+    if tokens.dtype != tf.bfloat16 or not graph_kind.onednn_inference(training):
         return _as_matmul(tokens, kernel, bias, residual)
     rows = tokens.shape[0]
     if rows is not None:
