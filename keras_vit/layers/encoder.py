@@ -165,8 +165,8 @@ class EncoderBlock(keras.layers.Layer):
         x = ops.reshape(x, (-1, x.shape[-1]))
         if training:
             y, weights = self.attention.attend(self.norm1(x), shape[0], shape[1], training=True)
-            x = x + self._drop_path(self.dropout(y, training=True), shape, True)
-            x = x + self._drop_path(self.mlp.transform(self.norm2(x), training=True), shape, True)
+            x = x + self._drop_path(self.dropout(y, training=True), shape)
+            x = x + self._drop_path(self.mlp.transform(self.norm2(x), training=True), shape)
         else:
             x, weights = self.attention.attend(self.norm1(x), shape[0], shape[1], residual=x)
             x = self.mlp.transform(self.norm2(x), residual=x)
@@ -175,11 +175,11 @@ class EncoderBlock(keras.layers.Layer):
             return x, ops.cast(weights, "float32")
         return x
 
-    def _drop_path(self, y, shape, training):
-        # Stochastic depth drops whole examples, so it needs the [B, T, D] view.
+    def _drop_path(self, y, shape):
+        # In training only. Stochastic depth drops whole examples: the [B, T, D] view.
         if self.drop_path.rate == 0.0:
             return y
-        return ops.reshape(self.drop_path(ops.reshape(y, shape), training=training), ops.shape(y))
+        return ops.reshape(self.drop_path(ops.reshape(y, shape), training=True), ops.shape(y))
 
     def compute_output_shape(self, input_shape):
         return input_shape
