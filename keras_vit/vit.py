@@ -9,6 +9,7 @@ from keras import ops
 
 from keras_vit.configs import ViTConfig, get_config
 from keras_vit.layers import ClassToken, EncoderBlock, LayerNorm, PatchEmbedding, PositionEmbedding, ResNetStem
+from keras_vit.layers import graph_kind
 
 
 @keras.saving.register_keras_serializable(package="keras_vit")
@@ -62,6 +63,16 @@ class VisionTransformer(keras.Model):
                          **kwargs)
         self.config = c
         self._dtype_arg = dtype
+
+    def predict_step(self, data):
+        # Keras runs these steps in process and never saves them, so they may take
+        # XLA kernels (see `graph_kind.xla_kernels_allowed`).
+        with graph_kind.never_saved():
+            return super().predict_step(data)
+
+    def test_step(self, data):
+        with graph_kind.never_saved():
+            return super().test_step(data)
 
     def forward(self, images, training=None, return_attention=False, return_tokens=False):
         """Runs the model and returns a dict of what it computed.

@@ -106,12 +106,22 @@ def test_saved_model_cli_lists_the_three_signatures(exported):
             assert f"outputs['{name}'] tensor_info:\n        dtype: {dt}\n        shape: {sh}" in block
 
 
-def test_saved_model_needs_no_xla(exported):
+@pytest.mark.parametrize("policy", ["float32", "mixed_bfloat16"])
+def test_saved_model_needs_no_xla(exported, tmp_path, policy):
     """TF Serving refuses XLA-compiled functions on CPU unless started with
-    --xla_cpu_compilation_enabled; training's XLA-fused GELU must stay out."""
+    --xla_cpu_compilation_enabled. Training's XLA-fused GELU and the XLA GELU that a
+    bf16 `predict` takes must stay out, even when the model has just predicted."""
     from tensorflow.core.protobuf import saved_model_pb2
 
-    _, _, path = exported
+    from keras_vit.layers.projection import CONV_MIN_ROWS
+    from keras_vit.training.precision import with_policy
+
+    model, _, path = exported
+    if policy != "float32":
+        model = with_policy(model, policy)
+        tokens = model.get_layer("posembed_input").output.shape[1]
+        model.predict(np.zeros((-(-CONV_MIN_ROWS // tokens), 32, 32, 3), "float32"), verbose=0)
+        path = export_saved_model(model, str(tmp_path / "m"), class_names=CLASSES, warmup=False)
     saved = saved_model_pb2.SavedModel()
     with open(os.path.join(path, "saved_model.pb"), "rb") as f:
         saved.ParseFromString(f.read())

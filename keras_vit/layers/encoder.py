@@ -105,11 +105,12 @@ class MlpBlock(keras.layers.Layer):
         """
         if residual is not None and training:
             raise ValueError("a residual is fused into fc2 at inference only")
-        x = self.fc1(tokens)
-        if training and self.gelu_approximate:
-            x = gelu_tanh_for_training(x)
+        if not training:
+            x = projection.project_gelu(tokens, self.fc1.kernel, self.fc1.bias, self.gelu_approximate)
+        elif self.gelu_approximate:
+            x = gelu_tanh_for_training(self.fc1(tokens))
         else:
-            x = keras.activations.gelu(x, approximate=self.gelu_approximate)
+            x = keras.activations.gelu(self.fc1(tokens), approximate=False)
         x = self.dropout(x, training=training)
         x = projection.project(x, self.fc2.kernel, self.fc2.bias, residual, training)
         return self.dropout(x, training=training)

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import threading
 
 import tensorflow as tf
+
+_traces = threading.local()
 
 
 def compiling_with_xla() -> bool:
@@ -31,3 +35,22 @@ def onednn_inference(training) -> bool:
     """True when a call at inference is traced for TF's own executor with oneDNN on the
     CPU: where the layers take the graph forms that oneDNN's rewrites run fastest."""
     return not training and onednn_on_cpu() and not compiling_with_xla()
+
+
+@contextlib.contextmanager
+def never_saved():
+    """Marks what is traced inside as a graph Keras runs in this process and never
+    saves: `VisionTransformer.predict_step` and `test_step`."""
+    _traces.never_saved = getattr(_traces, "never_saved", 0) + 1
+    try:
+        yield
+    finally:
+        _traces.never_saved -= 1
+
+
+def xla_kernels_allowed() -> bool:
+    """True where an inference graph may call XLA-compiled kernels: eagerly, or in a
+    trace under `never_saved`. Any other trace may end up in a SavedModel, and TF
+    Serving's CPU build refuses to run XLA kernels unless started with
+    --xla_cpu_compilation_enabled."""
+    return tf.executing_eagerly() or getattr(_traces, "never_saved", 0) > 0

@@ -29,13 +29,67 @@ def project(tokens, kernel, bias, residual=None, training=None):
     kernel, bias = tf.cast(kernel, tokens.dtype), tf.cast(bias, tokens.dtype)
     if tokens.dtype != tf.bfloat16 or not graph_kind.onednn_inference(training):
         return _as_matmul(tokens, kernel, bias, residual)
+    return _by_rows(tokens, lambda: _as_pointwise_conv(tokens, kernel, bias, residual),
+                    lambda: _as_matmul(tokens, kernel, bias, residual))
+
+
+def project_gelu(tokens, kernel, bias, approximate, training=None):
+    """`gelu(tokens @ kernel + bias)`: the MLP's first map.
+
+    Where TF runs oneDNN, product, bias and GELU are one op, an inner product, which in
+    bfloat16 does not run on AMX (see `_as_pointwise_conv`); no convolution or other
+    oneDNN op in TF 2.16 fuses a GELU. So where XLA kernels are allowed (eagerly and in
+    Keras's predict and evaluate steps, never in a graph that could be saved: see
+    `graph_kind.xla_kernels_allowed`), bfloat16 inference runs the map as the 1x1
+    convolution with its bias, then the GELU as one XLA kernel. Measured on AMX cores
+    at 6304 rows: 1.34-1.39x the fused op for D = 192, 384 and 768; at 197 rows
+    0.78-0.81x (`benchmarks/projection_forms.py`), so a static batch below
+    `CONV_MIN_ROWS` rows keeps the fused op.
+
+    Args:
+      tokens: `[N, K]`.
+      kernel: `[K, M]`, cast to the tokens' dtype.
+      bias: `[M]`, cast to the tokens' dtype.
+      approximate: the tanh GELU if True, else the exact (erf) one.
+      training: the Keras training flag. Only inference takes the XLA form.
+
+    Returns:
+      `[N, M]` in the tokens' dtype.
+    """
+    kernel, bias = tf.cast(kernel, tokens.dtype), tf.cast(bias, tokens.dtype)
+    fused = lambda: tf.nn.gelu(_as_matmul(tokens, kernel, bias, None), approximate=approximate)  # noqa: E731
+    if (tokens.dtype != tf.bfloat16 or not graph_kind.onednn_inference(training)
+            or not graph_kind.xla_kernels_allowed()):
+        return fused()
+    rows = tokens.shape[0]
+    if rows is not None and rows < CONV_MIN_ROWS:
+        return fused()
+    # A dynamic number of rows takes this form too, with no tf.cond: in a cond's branch
+    # grappler no longer fuses the GELU into the matmul, and its eight elementwise ops
+    # then lose to this form at 197 rows too (3.0 against 1.8 ms for D = 768).
+    gelu = _xla_gelu_tanh if approximate else _xla_gelu_exact
+    # Grappler infers no shape out of an XLA call (and merges a restating reshape
+    # away); with the shape asserted, fc2's residual add still fuses into its convolution.
+    return tf.ensure_shape(gelu(_as_pointwise_conv(tokens, kernel, bias, None)), [rows, kernel.shape[1]])
+
+
+@tf.function(jit_compile=True)
+def _xla_gelu_tanh(x):
+    return tf.nn.gelu(x, approximate=True)
+
+
+@tf.function(jit_compile=True)
+def _xla_gelu_exact(x):
+    return tf.nn.gelu(x, approximate=False)
+
+
+def _by_rows(tokens, many, few):
+    """`many()` from `CONV_MIN_ROWS` rows of `tokens` on, else `few()`: at trace time
+    when the number of rows is static, else by a `tf.cond`."""
     rows = tokens.shape[0]
     if rows is not None:
-        form = _as_pointwise_conv if rows >= CONV_MIN_ROWS else _as_matmul
-        return form(tokens, kernel, bias, residual)
-    return tf.cond(tf.shape(tokens)[0] >= CONV_MIN_ROWS,
-                   lambda: _as_pointwise_conv(tokens, kernel, bias, residual),
-                   lambda: _as_matmul(tokens, kernel, bias, residual))
+        return many() if rows >= CONV_MIN_ROWS else few()
+    return tf.cond(tf.shape(tokens)[0] >= CONV_MIN_ROWS, many, few)
 
 
 def _as_matmul(tokens, kernel, bias, residual):
