@@ -55,7 +55,6 @@ def _macs(name, size, model):
 
 def run_case(spec):
     import keras
-    import tensorflow as tf
 
     from benchmarks import measure
 
@@ -64,8 +63,8 @@ def run_case(spec):
     keras.mixed_precision.set_global_policy(FLAGS.precision)
     model = _model(name, size)
     images = np.random.RandomState(0).uniform(-1, 1, (FLAGS.batch_size, size, size, 3)).astype("float32")
-    forward = tf.function(lambda x: model(x, training=False), jit_compile=FLAGS.jit_compile)
-    seconds = measure.best_seconds(lambda: forward(images), FLAGS.min_seconds, min_iterations=2)
+    forward = measure.model_call(model, images, None, jit=FLAGS.jit_compile)
+    seconds = measure.best_seconds(forward, FLAGS.min_seconds, min_iterations=2)
     print(json.dumps({"images_per_second": FLAGS.batch_size / seconds, "peak_rss_mib": measure.peak_rss_mib(),
                       "params": model.count_params(), "macs": _macs(name, size, model)}))
 

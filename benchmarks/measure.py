@@ -70,14 +70,15 @@ def fresh_models(build: Callable[[], Dict[str, object]], policy: str) -> Dict[st
 def model_call(model, images, labels, mode: str = "inference", jit: bool = False) -> Callable[[], object]:
     """A zero-argument call to time: a forward pass (returns the logits) or a training step.
 
-    `mode` "inference" runs `model(images, training=False)` in a tf.function; "train"
+    `mode` "inference" runs `model.predict_step(images)` (what `model.predict` runs:
+    `model(images, training=False)`, under the model's own step) in a tf.function; "train"
     compiles `model` with AdamW and sparse cross-entropy on logits and runs
     `train_on_batch(images, labels)`. `jit` XLA-compiles either.
     """
     import tensorflow as tf
 
     if mode == "inference":
-        forward = tf.function(lambda x: model(x, training=False), jit_compile=jit, reduce_retracing=True)
+        forward = tf.function(model.predict_step, jit_compile=jit, reduce_retracing=True)
         return lambda: forward(images)
     if mode != "train":
         raise ValueError(f"mode must be 'inference' or 'train', got {mode!r}")

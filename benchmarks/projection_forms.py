@@ -9,7 +9,9 @@ tanh-GELU, fc2 `[4D, D]` plus a residual) are timed as:
 - `matmul`: MatMul + BiasAdd (+ Add or GELU), which grappler fuses into one oneDNN
   op (`_MklNativeFusedMatMul`, an inner product);
 - `conv`: the same map as a 1x1 Conv2D with its bias (and residual) fused
-  (`projection._as_pointwise_conv`; fc1 has no such form, Conv2D fuses no GELU);
+  (`projection._as_pointwise_conv`). Conv2D fuses no GELU: fc1's form is the
+  convolution, then the GELU as one XLA kernel, as `projection.project_gelu` runs it
+  in Keras's predict and evaluate steps;
 - `plain`: the bare MatMul, without bias, residual or GELU: the speed the kernels
   reach on the product alone.
 The forms' calls are interleaved in one process. It prints GFLOP/s (2 x M x K x N) and
@@ -35,9 +37,11 @@ def _forms(tokens, kernel, bias, residual, gelu):
 
     from keras_vit.layers import projection
 
-    if gelu:  # fc1's form in MlpBlock: Dense, then tf.nn.gelu, which grappler fuses into it
+    if gelu:  # tf.nn.gelu after the matmul, which grappler fuses into it
         calls = {"matmul": tf.function(lambda x: tf.nn.gelu(projection._as_matmul(x, kernel, bias, None),
-                                                            approximate=True))}
+                                                            approximate=True)),
+                 "conv": tf.function(lambda x: projection._xla_gelu_tanh(
+                     projection._as_pointwise_conv(x, kernel, bias, None)))}
     else:
         calls = {"matmul": tf.function(lambda x: projection._as_matmul(x, kernel, bias, residual)),
                  "conv": tf.function(lambda x: projection._as_pointwise_conv(x, kernel, bias, residual))}
@@ -66,11 +70,9 @@ def main(argv):
                     residual = as_dtype(rows, n) if with_residual else None
                     seconds = measure.side_by_side(_forms(tokens, kernel, bias, residual, gelu), FLAGS.min_seconds)
                     rate = {form: 2.0 * rows * k * n / s / 1e9 for form, s in seconds.items()}
-                    conv = f"{rate['conv']:.0f}" if "conv" in rate else "-"
-                    conv_ratio = f"{seconds['matmul'] / seconds['conv']:.2f}x" if "conv" in rate else "-"
-                    print(f"| {dtype} | {rows} | D={width} {name} | {rate['matmul']:.0f} | {conv} | "
-                          f"{rate['plain']:.0f} | {conv_ratio} | {seconds['matmul'] / seconds['plain']:.2f}x |",
-                          flush=True)
+                    over = {form: seconds["matmul"] / seconds[form] for form in ("conv", "plain")}
+                    print(f"| {dtype} | {rows} | D={width} {name} | {rate['matmul']:.0f} | {rate['conv']:.0f} | "
+                          f"{rate['plain']:.0f} | {over['conv']:.2f}x | {over['plain']:.2f}x |", flush=True)
 
 
 if __name__ == "__main__":
