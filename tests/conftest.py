@@ -38,6 +38,26 @@ def data_path(*parts):
     return os.path.join(DATA, *parts)
 
 
+# A ViT small enough for every test: 16 patches of 8 px on 32 px images.
+TINY = dict(hidden_size=32, mlp_dim=64, num_heads=4, num_layers=2, patch_size=8, image_size=32,
+            num_classes=5)
+
+
+def tiny(**changes):
+    import keras_vit
+    from keras_vit import ViTConfig
+
+    return keras_vit.create_model(ViTConfig(name="tiny", **{**TINY, **changes}))
+
+
+def randomise(model, seed=0):
+    """Random weights everywhere (LayerNorm scales around 1), so no output is trivially zero."""
+    rng = np.random.RandomState(seed)
+    for w in model.weights:
+        w.assign(rng.normal(0, 0.05, w.shape).astype("float32") + (1.0 if "gamma" in w.path else 0.0))
+    return model
+
+
 def load_io(name):
     with np.load(data_path(name)) as d:
         return {k: d[k] for k in d.files}

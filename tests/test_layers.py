@@ -267,21 +267,14 @@ def test_vit_predict_and_evaluate_steps_are_never_saved_traces():
     `graph_kind.never_saved`; `predict` in either form gives the portable graph's
     logits, to bf16 rounding."""
     import tensorflow as tf
+    from conftest import randomise, tiny
 
-    import keras_vit
-    from keras_vit import ViTConfig
     from keras_vit.training.precision import with_policy
 
     if not graph_kind.onednn_on_cpu():
         pytest.skip("TF runs no oneDNN ops here")
-    config = ViTConfig(name="tiny", hidden_size=32, mlp_dim=64, num_heads=4, num_layers=2, patch_size=4,
-                       image_size=32, num_classes=5)
-    model = keras_vit.create_model(config)
-    rng = np.random.RandomState(0)
-    for w in model.weights:
-        w.assign(rng.normal(0, 0.1, w.shape).astype("float32") + (1.0 if "gamma" in w.path else 0.0))
-    model = with_policy(model, "mixed_bfloat16")
-    x = rng.uniform(-1, 1, (8, 32, 32, 3)).astype("float32")  # 8 x 65 rows: the convolution form
+    model = with_policy(randomise(tiny(patch_size=4)), "mixed_bfloat16")
+    x = np.random.RandomState(0).uniform(-1, 1, (8, 32, 32, 3)).astype("float32")  # 8 x 65 rows: convolutions
     step = tf.function(model.predict_step)
     assert _xla_calls(_executed_graph(step, x)) == 2
     portable = tf.function(lambda t: model(t, training=False))

@@ -6,13 +6,12 @@ import os
 import keras
 import numpy as np
 import pytest
+from conftest import TINY, randomise, tiny
 
 import keras_vit
 from keras_vit import ViTConfig
 from keras_vit.training.precision import compute_dtype_twin, with_policy
 
-TINY = dict(hidden_size=32, mlp_dim=64, num_heads=4, num_layers=2, patch_size=8, image_size=32,
-            num_classes=5)
 
 OFFICIAL_PARAMS = {
     "ViT-Ti/16": 5_717_416,
@@ -33,19 +32,8 @@ def test_parameter_counts_equal_the_official_ones(name):
     assert model.count_params() == OFFICIAL_PARAMS[name]
 
 
-def tiny(**changes):
-    return keras_vit.create_model(ViTConfig(name="tiny", **{**TINY, **changes}))
-
-
 def images(n=2, h=32, w=32, seed=0):
     return np.random.RandomState(seed).uniform(-1, 1, (n, h, w, 3)).astype("float32")
-
-
-def randomise(model, seed=0):
-    rng = np.random.RandomState(seed)
-    for w in model.weights:
-        w.assign(rng.normal(0, 0.05, w.shape).astype("float32") + (1.0 if "gamma" in w.path else 0.0))
-    return model
 
 
 @pytest.mark.parametrize("changes", [
