@@ -2,6 +2,7 @@
 
 from keras_vit.checkpoints import CheckpointError, inspect_checkpoint, interpolate_posembed
 from keras_vit.configs import MODEL_CONFIGS, ResNetConfig, ViTConfig, get_config, list_models
+from keras_vit.training.precision import compute_dtype_twin
 from keras_vit.vit import VisionTransformer, create_model
 
 # A trained model.keras holds its compiled optimizer, whose schedule and loss are ours:
@@ -16,6 +17,7 @@ __all__ = [
     "ResNetConfig",
     "ViTConfig",
     "VisionTransformer",
+    "compute_dtype_twin",
     "create_model",
     "get_config",
     "inspect_checkpoint",

@@ -10,7 +10,7 @@ from conftest import TINY, randomise, tiny
 
 import keras_vit
 from keras_vit import ViTConfig
-from keras_vit.training.precision import compute_dtype_twin, with_policy
+from keras_vit.training.precision import with_policy
 
 
 OFFICIAL_PARAMS = {
@@ -62,7 +62,7 @@ def test_keras_file_round_trip_gives_identical_outputs(tmp_path, changes):
 ])
 def test_compute_dtype_twin_holds_cast_weights_and_gives_the_same_outputs(policy, changes):
     mixed = with_policy(randomise(tiny(**changes)), policy)
-    twin = compute_dtype_twin(mixed)
+    twin = keras_vit.compute_dtype_twin(mixed)
     compute = policy.split("_")[1]
     assert {w.dtype for w in mixed.weights} == {"float32"}
     # What mixed precision never casts stays float32: the head and the LayerNorms.
@@ -74,9 +74,9 @@ def test_compute_dtype_twin_holds_cast_weights_and_gives_the_same_outputs(policy
     out = mixed.predict(x, verbose=0)
     assert not np.allclose(out, 0)
     np.testing.assert_array_equal(twin.predict(x, verbose=0), out)
-    assert compute_dtype_twin(twin) is twin
+    assert keras_vit.compute_dtype_twin(twin) is twin
     float32 = with_policy(mixed, "float32")
-    assert compute_dtype_twin(float32) is float32
+    assert keras_vit.compute_dtype_twin(float32) is float32
 
 
 def test_non_square_images_and_any_multiple_of_the_patch():
