@@ -34,3 +34,16 @@ def test_zoo_describe_keeps_the_global_policy():
     keras.mixed_precision.set_global_policy("mixed_bfloat16")
     zoo.describe("ViT-Ti/16", 32, 2)
     assert keras.mixed_precision.global_policy().name == "mixed_bfloat16"
+
+
+def test_the_timer_waits_on_one_element_of_each_result_not_a_copy_of_it():
+    """Fetching a whole `[6304, 3072]` result copied it (15 ms, more than the op took),
+    which added a constant to every large-output case and understated the matmul peak."""
+    import numpy as np
+    import tensorflow as tf
+
+    big = tf.reshape(tf.range(6304 * 3072, dtype=tf.float32), [6304, 3072])
+    result = {"logits": big, "aux": [tf.constant(7, tf.int64), tf.zeros([0, 4]), tf.Variable([[3.0]])], "loss": 0.5}
+    fetched = measure._block(result)  # tf.nest visits a dict's keys in sorted order
+    assert [f.tolist() for f in fetched] == [[7], [], [3.0], [0.0]]
+    assert all(isinstance(f, np.ndarray) for f in fetched)
