@@ -9,8 +9,8 @@ elementwise pass goes. On a `[rows, cols]` tensor (by default ViT-B/16's fc1 out
 batch 32 and 224 px) this times, interleaved in one process, for float32 and bfloat16:
 numpy copying it into an array it already holds (what one thread's memory traffic
 reaches), TF's `x * 2` and the tanh GELU the models use (`tf.nn.gelu(approximate=True)`),
-and the same two compiled by XLA, as fc1's GELU runs in bf16 `predict`. It prints ms per call, GB/s read plus written, and
-G elements/s. Figures, never assertions.
+and the same two compiled by XLA, as fc1's GELU runs in bf16 `predict`. It prints ms
+per call, GB/s read plus written, and G elements/s. Figures, never assertions.
 """
 
 from __future__ import annotations
@@ -33,7 +33,8 @@ def main(argv):
 
     rows = []
     for dtype in FLAGS.dtypes:
-        print(f"{dtype}: timing a copy and the elementwise ops on [{FLAGS.rows}, {FLAGS.cols}]...", flush=True)
+        shape = f"[{FLAGS.rows}, {FLAGS.cols}]"
+        print(f"{dtype}: timing a copy and the elementwise ops on {shape}...", flush=True)
         x = tf.cast(tf.random.normal([FLAGS.rows, FLAGS.cols]), dtype)
         host = x.numpy()
         target = np.empty_like(host)
@@ -48,7 +49,8 @@ def main(argv):
         elements = FLAGS.rows * FLAGS.cols
         moved = 2 * elements * x.dtype.size
         for name, s in seconds.items():
-            rows.append(f"| {dtype} | {name} | {s * 1e3:.2f} | {moved / s / 1e9:.1f} | {elements / s / 1e9:.2f} |")
+            rates = f"{moved / s / 1e9:.1f} | {elements / s / 1e9:.2f}"
+            rows.append(f"| {dtype} | {name} | {s * 1e3:.2f} | {rates} |")
     print(f"\n[{FLAGS.rows}, {FLAGS.cols}], fastest call of each, interleaved:")
     print("| dtype | op | ms | GB/s (read + written) | G elements/s |\n|---|---|---:|---:|---:|")
     print("\n".join(rows))

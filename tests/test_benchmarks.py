@@ -43,7 +43,8 @@ def test_the_timer_waits_on_one_element_of_each_result_not_a_copy_of_it():
     import tensorflow as tf
 
     big = tf.reshape(tf.range(6304 * 3072, dtype=tf.float32), [6304, 3072])
-    result = {"logits": big, "aux": [tf.constant(7, tf.int64), tf.zeros([0, 4]), tf.Variable([[3.0]])], "loss": 0.5}
+    aux = [tf.constant(7, tf.int64), tf.zeros([0, 4]), tf.Variable([[3.0]])]
+    result = {"logits": big, "aux": aux, "loss": 0.5}
     fetched = measure._block(result)  # tf.nest visits a dict's keys in sorted order
     assert [f.tolist() for f in fetched] == [[7], [], [3.0], [0.0]]
     assert all(isinstance(f, np.ndarray) for f in fetched)
