@@ -88,7 +88,7 @@ def _xla_gelu_exact(x):
 
 def _bf16_onednn_inference(tokens, training):
     # The only graphs where the convolution forms beat the fused matmul: in float32 they
-    # ran 0.49-1.10x (projection_forms), in training 0.61x (the convolution's gradient).
+    # ran 0.44-1.05x (projection_forms), in training 0.61x (the convolution's gradient).
     return tokens.dtype == tf.bfloat16 and graph_kind.onednn_inference(training)
 
 
@@ -115,9 +115,9 @@ def _as_pointwise_conv(tokens, kernel, bias, residual):
     gemm, not the AMX kernels (`ONEDNN_VERBOSE=1`: `x64:gemm:jit`), far below the plain
     matmul's speed when K is the model width. The convolution, with its bias and
     residual, runs on AMX (`brgconv_1x1`) at the matmul's. Measured on AMX
-    cores at 6304 rows: [768, 2304] 1.76x, [768, 768] with a residual 1.73x, [192, 576]
-    1.9x; ViT-B/16 inference 1.20x and ViT-Ti/16 1.15x at batch 32. In float32 the
-    convolution was no faster (0.63-1.10x, `benchmarks/projection_forms.py`), so float32
+    cores at 6304 rows: [768, 2304] 1.40x, [768, 768] with a residual 1.40x, [192, 576]
+    1.81x; ViT-B/16 inference 1.20x and ViT-Ti/16 1.15x at batch 32. In float32 the
+    convolution was no faster (0.44-1.05x, `benchmarks/projection_forms.py`), so float32
     keeps the matmul.
     """
     width, out = kernel.shape
