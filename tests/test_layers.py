@@ -354,7 +354,7 @@ def test_xla_gelu_kernels_are_the_named_gelu(approximate):
 @pytest.mark.parametrize("approximate", [True, False])
 def test_xla_gelu_kernels_round_bf16_once(approximate):
     """On bf16 input the GELU runs in float32 and rounds once: rounding after each op,
-    as XLA does for bf16 ops, left about a fifth of the outputs an ulp off."""
+    as XLA does for bf16 ops, left a quarter of the tanh GELU's outputs an ulp off."""
     import tensorflow as tf
 
     from keras_vit.layers import projection
