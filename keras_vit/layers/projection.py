@@ -9,6 +9,9 @@ from keras_vit.layers import graph_kind
 # From this many rows on, a bfloat16 map runs as a 1x1 convolution (see
 # `_as_pointwise_conv`). Below it the convolution's fixed cost loses: one image at
 # 224 px (197 rows) ran ViT-Ti/16 about 5% slower; two images already ran as fast.
+# Single maps of D = 192 still lose a little at 394-577 rows (projection_forms), but
+# whole models do not: 1024 instead ran ViT-Ti/16 0.91x at 3 images and 0.83x at 5,
+# and ViT-B/16 0.95x at 2 and 5 (benchmarks.ab, 2026-12-03).
 CONV_MIN_ROWS = 384
 
 
