@@ -26,8 +26,8 @@ class LayerNorm(keras.layers.LayerNormalization):
 
     At inference on CPUs with oneDNN, the graph takes the form grappler rewrites into
     oneDNN's own layer norm (`_MklLayerNorm`, one pass), in the compute dtype with
-    gamma and beta cast to it. On AMX cores it ran 2.6x faster than the float32
-    graph on `[6304, 192]` bf16 and 4.3x on `[6304, 768]`. Under XLA the plain graph
+    gamma and beta cast to it. On AMX cores it ran 2.4-2.5x faster than the float32
+    graph on `[6304, 192]` bf16 and 5.0-5.2x on `[6304, 768]`. Under XLA the plain graph
     is kept: XLA fuses it (ViT-Ti/16 bf16 with XLA: 1.02x against the pattern).
     """
 

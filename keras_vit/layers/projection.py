@@ -45,8 +45,8 @@ def project_gelu(tokens, kernel, bias, approximate, training=None):
     Keras's predict and evaluate steps, never in a graph that could be saved: see
     `graph_kind.xla_kernels_allowed`), bfloat16 inference runs the map as the 1x1
     convolution with its bias, then the GELU as one XLA kernel. Measured on AMX cores
-    at 6304 rows: 1.34-1.39x the fused op for D = 192, 384 and 768; at 197 rows
-    0.78-0.81x (`benchmarks/projection_forms.py`), so a static batch below
+    at 6304 rows: 1.23-1.43x the fused op for D = 192, 384 and 768; at 197 rows
+    0.83-0.85x (`benchmarks/projection_forms.py`), so a static batch below
     `CONV_MIN_ROWS` rows keeps the fused op.
 
     Args:
