@@ -48,3 +48,69 @@ def test_the_timer_waits_on_one_element_of_each_result_not_a_copy_of_it():
     fetched = measure._block(result)  # tf.nest visits a dict's keys in sorted order
     assert [f.tolist() for f in fetched] == [[7], [], [3.0], [0.0]]
     assert all(isinstance(f, np.ndarray) for f in fetched)
+
+
+def _xspace(events, line_name="tf_Compute/1"):
+    """A one-line trace: each event is (name, start_ps, end_ps, {stat: value})."""
+    from tensorflow.tsl.profiler.protobuf import xplane_pb2
+
+    xspace = xplane_pb2.XSpace()
+    plane = xspace.planes.add(name="/host:CPU")
+    stat_ids = {}
+
+    def stat_id(name):
+        if name not in stat_ids:
+            stat_ids[name] = len(stat_ids) + 1
+            plane.stat_metadata[stat_ids[name]].name = name
+        return stat_ids[name]
+
+    line = plane.lines.add(name=line_name)
+    for i, (name, start, end, stats) in enumerate(events, 1):
+        plane.event_metadata[i].name = name
+        event = line.events.add(metadata_id=i, offset_ps=start, duration_ps=end - start)
+        for key, value in stats.items():
+            if key == "kernel_type":  # the profiler stores it as a reference to a name
+                event.stats.add(metadata_id=stat_id(key), ref_value=stat_id(value))
+            else:
+                event.stats.add(metadata_id=stat_id(key), str_value=value)
+    return xspace
+
+
+def test_op_times_are_exclusive_and_label_async_kernels():
+    """A function call's body, recorded inside its async kernel, must count once: the
+    README's profile shares would otherwise add up to more than the op time."""
+    from benchmarks import op_trace
+
+    events = [
+        ("ExecutorState::Process", 0, 1000, {}),  # bookkeeping around everything
+        ("block/conv:Conv2D", 0, 100, {}),
+        ("ExecutorState::ProcessAsync::Start", 100, 400,
+         {"name": "block/PartitionedCall", "kernel_type": "PartitionedCall"}),
+        ("block/gelu/Tanh:Tanh", 150, 250, {}),
+        ("block/gelu/Cast:Cast", 160, 170, {}),
+        ("block/conv_1:Conv2D", 400, 450, {}),  # starts as the call ends: not inside it
+    ]
+    ps = 1e-12
+    assert op_trace.op_times(_xspace(events)) == pytest.approx(
+        {"Conv2D": 150 * ps, "PartitionedCall": 200 * ps, "Tanh": 90 * ps, "Cast": 10 * ps})
+    assert op_trace.op_times(_xspace(events), by="node") == pytest.approx(
+        {"block/conv (Conv2D)": 100 * ps, "block/conv_1 (Conv2D)": 50 * ps,
+         "block/PartitionedCall (PartitionedCall)": 200 * ps, "block/gelu/Tanh (Tanh)": 90 * ps,
+         "block/gelu/Cast (Cast)": 10 * ps})
+    assert op_trace.op_times(_xspace(events, line_name="python")) == {}
+    with pytest.raises(ValueError, match="by must be"):
+        op_trace.op_times(_xspace(events), by="layer")
+
+
+def test_op_trace_of_a_real_forward_pass(tmp_path):
+    import tensorflow as tf
+
+    from benchmarks import op_trace
+
+    model = measure.fresh_models(_tiny, "float32")["ours"]
+    call = measure.model_call(model, tf.zeros([2, 32, 32, 3]), None)
+    measure._block(call())
+    times = op_trace.op_times(op_trace.trace(call, 2, str(tmp_path)))
+    assert sum(times.values()) > 0
+    assert any("MatMul" in kind or "Conv2D" in kind for kind in times), times
+    assert "Softmax" in " ".join(times), times
