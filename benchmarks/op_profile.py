@@ -54,7 +54,8 @@ def main(argv):
     total = sum(times.values())
     print(f"\n{FLAGS.model}, {FLAGS.image_size} px, batch {FLAGS.batch_size}, {policy}, predict_step: "
           f"{total / FLAGS.calls * 1e3:.1f} ms of op time per call, {wall * 1e3:.1f} ms wall (best call)")
-    print(f"| {'op type' if FLAGS.by == 'type' else 'node (op type)'} | ms per call | share |\n|---|---:|---:|")
+    heading = "op type" if FLAGS.by == "type" else "node (op type)"
+    print(f"| {heading} | ms per call | share |\n|---|---:|---:|")
     for label, seconds in sorted(times.items(), key=lambda kv: -kv[1])[:FLAGS.top]:
         print(f"| {label} | {seconds / FLAGS.calls * 1e3:.2f} | {seconds / total:.1%} |")
     print(f"\nTrace: {trace_dir} (TensorBoard's profile plugin opens it)")

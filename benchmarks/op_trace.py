@@ -66,7 +66,8 @@ def trace(call, calls: int, trace_dir: str):
             measure._block(call())
     finally:
         tf.profiler.experimental.stop()
-    paths = sorted(glob.glob(os.path.join(trace_dir, "**", "*.xplane.pb"), recursive=True), key=os.path.getmtime)
+    paths = glob.glob(os.path.join(trace_dir, "**", "*.xplane.pb"), recursive=True)
+    paths.sort(key=os.path.getmtime)
     if not paths:
         raise RuntimeError(f"the profiler wrote no trace under {trace_dir}")
     xspace = xplane_pb2.XSpace()
