@@ -26,13 +26,13 @@ from absl import app, flags
 FLAGS = flags.FLAGS
 flags.DEFINE_string("model", "ViT-B/16", "Registered model name.")
 flags.DEFINE_enum("mode", "inference", ["inference", "train"], "Forward passes, or whole training steps.")
-flags.DEFINE_integer("batch_size", 32, "Images per call.")
+flags.DEFINE_integer("batch_size", 32, "Images per call.", lower_bound=1)
 flags.DEFINE_integer("image_size", 224, "Resolution.")
 flags.DEFINE_enum("precision", "auto", ["auto", "float32", "mixed_bfloat16"],
                   "Keras dtype policy; auto picks bf16 on bf16 hardware.")
-flags.DEFINE_integer("calls", 5, "Traced calls (after the untraced timed ones).")
+flags.DEFINE_integer("calls", 5, "Traced calls (after the untraced timed ones).", lower_bound=1)
 flags.DEFINE_enum("by", "type", ["type", "node"], "Group op time by op type or by graph node.")
-flags.DEFINE_integer("top", 15, "Rows to print.")
+flags.DEFINE_integer("top", 15, "Rows to print.", lower_bound=1)
 flags.DEFINE_string("trace_dir", None, "Where the trace goes (default: a new temporary directory).")
 
 
@@ -58,6 +58,8 @@ def main(argv):
     trace_dir = FLAGS.trace_dir or tempfile.mkdtemp(prefix="op_profile_")
     times = op_trace.op_times(op_trace.trace(call, FLAGS.calls, trace_dir), FLAGS.by)
     total = sum(times.values())
+    if total <= 0:
+        raise RuntimeError(f"the trace in {trace_dir} holds no TF op executions to attribute")
     print(f"\n{FLAGS.model}, {FLAGS.image_size} px, batch {FLAGS.batch_size}, {policy}, {step}: "
           f"{total / FLAGS.calls * 1e3:.1f} ms of op time per call, {wall * 1e3:.1f} ms wall (best call)")
     heading = "op type" if FLAGS.by == "type" else "node (op type)"
