@@ -33,14 +33,14 @@ def side_by_side(cases: Dict[str, Callable[[], object]], min_seconds: float = 2.
     """
     for fn in cases.values():
         for _ in range(warmup):
-            _block(fn())
+            wait_for(fn())
     times = {name: [] for name in cases}
     order = list(cases)
     start = time.perf_counter()
     while len(times[order[0]]) < min_rounds or time.perf_counter() - start < min_seconds:
         for name in order:
             t = time.perf_counter()
-            _block(cases[name]())
+            wait_for(cases[name]())
             times[name].append(time.perf_counter() - t)
         order.reverse()
     return {name: float(np.min(t)) for name, t in times.items()}
@@ -89,7 +89,7 @@ def model_call(model, images, labels, mode: str = "inference", jit: bool = False
     return lambda: model.train_on_batch(images, labels)
 
 
-def _block(result):
+def wait_for(result):
     """Waits for a result by fetching one element of each tensor in it (returned, a list).
 
     `.numpy()` of a whole tensor copies it into a fresh array: 15 ms for a

@@ -39,8 +39,9 @@ def op_times(xspace, by: str = "type") -> Dict[str, float]:
             open_events = []  # (end_ps, label) of the enclosing counted events
             for event in sorted(line.events, key=lambda e: (e.offset_ps, -e.duration_ps)):
                 name = plane.event_metadata[event.metadata_id].name
-                stats = {names[s.metadata_id].name: names[s.ref_value].name if s.ref_value else s.str_value
-                         for s in event.stats}
+                stats = {} if name != _ASYNC_START else {
+                    names[s.metadata_id].name: names[s.ref_value].name if s.ref_value else s.str_value
+                    for s in event.stats}
                 label = _label(name, stats, by)
                 if label is None:
                     continue
@@ -63,7 +64,7 @@ def trace(call, calls: int, trace_dir: str):
     tf.profiler.experimental.start(trace_dir)
     try:
         for _ in range(calls):
-            measure._block(call())
+            measure.wait_for(call())
     finally:
         tf.profiler.experimental.stop()
     paths = glob.glob(os.path.join(trace_dir, "**", "*.xplane.pb"), recursive=True)

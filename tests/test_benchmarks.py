@@ -45,7 +45,7 @@ def test_the_timer_waits_on_one_element_of_each_result_not_a_copy_of_it():
     big = tf.reshape(tf.range(6304 * 3072, dtype=tf.float32), [6304, 3072])
     aux = [tf.constant(7, tf.int64), tf.zeros([0, 4]), tf.Variable([[3.0]])]
     result = {"logits": big, "aux": aux, "loss": 0.5}
-    fetched = measure._block(result)  # tf.nest visits a dict's keys in sorted order
+    fetched = measure.wait_for(result)  # tf.nest visits a dict's keys in sorted order
     assert [f.tolist() for f in fetched] == [[7], [], [3.0], [0.0]]
     assert all(isinstance(f, np.ndarray) for f in fetched)
 
@@ -109,7 +109,7 @@ def test_op_trace_of_a_real_forward_pass(tmp_path):
 
     model = measure.fresh_models(_tiny, "float32")["ours"]
     call = measure.model_call(model, tf.zeros([2, 32, 32, 3]), None)
-    measure._block(call())
+    measure.wait_for(call())
     times = op_trace.op_times(op_trace.trace(call, 2, str(tmp_path)))
     assert sum(times.values()) > 0
     assert any("MatMul" in kind or "Conv2D" in kind for kind in times), times
