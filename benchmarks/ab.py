@@ -101,7 +101,8 @@ def main(argv):
                 images = rng.uniform(-1, 1, (FLAGS.batch_size, *models["base"].config.image_size, 3))
                 images = images.astype("float32")
                 labels = rng.randint(0, 1000, FLAGS.batch_size)
-                print(f"{name}, {precision}, batch {FLAGS.batch_size}, {FLAGS.mode}, XLA {FLAGS.jit}:", flush=True)
+                print(f"{name}, {precision}, batch {FLAGS.batch_size}, {FLAGS.mode}, XLA {FLAGS.jit}:",
+                      flush=True)
                 seconds = measure.side_by_side(_cases(models, images, labels), FLAGS.min_seconds)
                 row = (f"| {name} | {precision} | {FLAGS.mode} | {1e3 * seconds['base']:.1f} | "
                        f"{1e3 * seconds['tree']:.1f} | {seconds['base'] / seconds['tree']:.3f}x |")

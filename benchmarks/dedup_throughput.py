@@ -52,7 +52,9 @@ def run_beam(train, refs, workers, dedup):
     from pipeline import dedup_beam
 
     out = os.path.join(tempfile.mkdtemp(prefix="dedup-bench-"), "pairs")
-    mode = ["--direct_running_mode=multi_processing", f"--direct_num_workers={workers}"] if workers > 1 else []
+    mode = []
+    if workers > 1:
+        mode = ["--direct_running_mode=multi_processing", f"--direct_num_workers={workers}"]
     start = time.perf_counter()
     with beam.Pipeline(options=PipelineOptions(mode)) as p:
         t = p | "T" >> beam.Create([(str(i), b, dedup.pixel_hash(b)) for i, b in enumerate(train)])

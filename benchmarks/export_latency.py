@@ -77,8 +77,8 @@ def main(argv):
     with tempfile.TemporaryDirectory() as root:
         signatures = {}
         for name, cast in variants.items():
-            print(f"Exporting {FLAGS.model} ({policy}, weights stored in {name}) at {FLAGS.image_size} px ...",
-                  flush=True)
+            print(f"Exporting {FLAGS.model} ({policy}, weights stored in {name}) "
+                  f"at {FLAGS.image_size} px ...", flush=True)
             path = export_saved_model(model, os.path.join(root, name),
                                       warmup=False, weights_in_compute_dtype=cast)
             signatures[name] = tf.saved_model.load(path).signatures

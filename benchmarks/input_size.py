@@ -21,7 +21,8 @@ from absl import app, flags
 
 FLAGS = flags.FLAGS
 flags.DEFINE_list("sizes", ["224", "384", "512"], "Square input sizes.")
-flags.DEFINE_list("models", ["ViT-B/16", "R50+ViT-B/16", "keras-hub ViT-B/16", "ResNet-50"], "What to measure.")
+flags.DEFINE_list("models", ["ViT-B/16", "R50+ViT-B/16", "keras-hub ViT-B/16", "ResNet-50"],
+                  "What to measure.")
 flags.DEFINE_integer("batch_size", 1, "Images per call.")
 flags.DEFINE_enum("precision", "auto", ["auto", "float32", "mixed_bfloat16"],
                   "Keras dtype policy; auto picks bf16 on bf16 hardware.")
@@ -79,8 +80,8 @@ def main(argv):
     FLAGS.precision = resolve_precision(FLAGS.precision)  # the children get the resolved policy
     compute = "bfloat16" if "bfloat16" in FLAGS.precision else "float32"
     peak = measure.matmul_peak((compute,))[compute]
-    print(f"tf.matmul peak ({compute}): {peak / 1e9:.0f} GFLOP/s; batch {FLAGS.batch_size}, {FLAGS.precision}, "
-          f"jit {'on' if FLAGS.jit_compile else 'off'}", flush=True)
+    print(f"tf.matmul peak ({compute}): {peak / 1e9:.0f} GFLOP/s; batch {FLAGS.batch_size}, "
+          f"{FLAGS.precision}, jit {'on' if FLAGS.jit_compile else 'off'}", flush=True)
     rows = []
     for size in FLAGS.sizes:
         for name in FLAGS.models:

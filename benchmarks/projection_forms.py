@@ -56,23 +56,27 @@ def main(argv):
 
     from benchmarks import measure
 
-    print("| dtype | rows | map | matmul GFLOP/s | conv GFLOP/s | plain GFLOP/s | conv / matmul | plain / matmul |\n"
-          "|---|---:|---|---:|---:|---:|---:|---:|")
+    print("| dtype | rows | map | matmul GFLOP/s | conv GFLOP/s | plain GFLOP/s | conv / matmul "
+          "| plain / matmul |\n|---|---:|---|---:|---:|---:|---:|---:|")
     rng = np.random.RandomState(0)
     for dtype in FLAGS.dtypes:
         as_dtype = lambda *shape: tf.cast(rng.normal(size=shape).astype("float32"), dtype)  # noqa: E731
         for rows in (int(r) for r in FLAGS.rows):
             for width in (int(w) for w in FLAGS.widths):
-                maps = (("qkv", width, 3 * width, False, False), ("out + residual", width, width, True, False),
-                        ("fc1 + GELU", width, 4 * width, False, True), ("fc2 + residual", 4 * width, width, True, False))
+                maps = (("qkv", width, 3 * width, False, False),
+                        ("out + residual", width, width, True, False),
+                        ("fc1 + GELU", width, 4 * width, False, True),
+                        ("fc2 + residual", 4 * width, width, True, False))
                 for name, k, n, with_residual, gelu in maps:
                     tokens, kernel, bias = as_dtype(rows, k), as_dtype(k, n) * 0.05, as_dtype(n)
                     residual = as_dtype(rows, n) if with_residual else None
-                    seconds = measure.side_by_side(_forms(tokens, kernel, bias, residual, gelu), FLAGS.min_seconds)
+                    seconds = measure.side_by_side(_forms(tokens, kernel, bias, residual, gelu),
+                                                   FLAGS.min_seconds)
                     rate = {form: 2.0 * rows * k * n / s / 1e9 for form, s in seconds.items()}
                     over = {form: seconds["matmul"] / seconds[form] for form in ("conv", "plain")}
-                    print(f"| {dtype} | {rows} | D={width} {name} | {rate['matmul']:.0f} | {rate['conv']:.0f} | "
-                          f"{rate['plain']:.0f} | {over['conv']:.2f}x | {over['plain']:.2f}x |", flush=True)
+                    print(f"| {dtype} | {rows} | D={width} {name} | {rate['matmul']:.0f} | "
+                          f"{rate['conv']:.0f} | {rate['plain']:.0f} | {over['conv']:.2f}x | "
+                          f"{over['plain']:.2f}x |", flush=True)
 
 
 if __name__ == "__main__":

@@ -51,7 +51,7 @@ def main(argv):
     flop_factor = 2 if FLAGS.mode == "inference" else 6
     num_classes = 0 if FLAGS.mode == "inference" else 1000
     header = (f"| model | precision | batch | jit | ours img/s | keras-hub img/s | ours / keras-hub "
-              f"| ours % of peak |\n|---|---|---:|---|---:|---:|---:|---:|")
+              "| ours % of peak |\n|---|---|---:|---|---:|---:|---:|---:|")
     rows, best = [], {}
     for name in FLAGS.models:
         config = get_config(name).replace(image_size=FLAGS.image_size, num_classes=max(num_classes, 1))
@@ -78,8 +78,8 @@ def main(argv):
                     hub = rate.get("keras-hub")
                     share = rate["ours"] * flops_per_image / peak[compute]
                     versus = f"{hub:.1f} | {rate['ours'] / hub:.2f}x" if hub else "- | -"
-                    row = (f"| {name} | {precision} | {batch} | {'on' if jit else 'off'} | {rate['ours']:.1f} | "
-                           f"{versus} | {100 * share:.0f}% |")
+                    row = (f"| {name} | {precision} | {batch} | {'on' if jit else 'off'} | "
+                           f"{rate['ours']:.1f} | {versus} | {100 * share:.0f}% |")
                     rows.append(row)
                     print(row, flush=True)
     keras.mixed_precision.set_global_policy("float32")
@@ -89,7 +89,8 @@ def main(argv):
     print("\n".join(rows))
     if FLAGS.keras_hub:
         print("\nBest of jit on/off for each (the issue's comparison):")
-        print("| model | precision | batch | ours img/s | keras-hub img/s | ours / keras-hub |\n|---|---|---:|---:|---:|---:|")
+        print("| model | precision | batch | ours img/s | keras-hub img/s | ours / keras-hub |\n"
+              "|---|---|---:|---:|---:|---:|")
         for (name, precision, batch), r in best.items():
             print(f"| {name} | {precision} | {batch} | {r['ours']:.1f} | {r['keras-hub']:.1f} | "
                   f"{r['ours'] / r['keras-hub']:.2f}x |")

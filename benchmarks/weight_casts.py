@@ -19,7 +19,8 @@ from absl import app, flags
 FLAGS = flags.FLAGS
 flags.DEFINE_list("models", ["ViT-Ti/16", "ViT-S/16", "ViT-B/16"], "Registered model names.")
 flags.DEFINE_list("batch_sizes", ["1", "32"], "Images per call.")
-flags.DEFINE_enum("policy", "mixed_bfloat16", ["mixed_bfloat16", "mixed_float16"], "A mixed Keras dtype policy.")
+flags.DEFINE_enum("policy", "mixed_bfloat16", ["mixed_bfloat16", "mixed_float16"],
+                  "A mixed Keras dtype policy.")
 flags.DEFINE_integer("image_size", 224, "Resolution.")
 flags.DEFINE_float("min_seconds", 6.0, "Time each pair for at least this long (and 3 calls each).")
 
@@ -44,14 +45,15 @@ def main(argv):
             print(f"{name}, batch {batch}: timing {FLAGS.policy} and its {policy.compute_dtype} twin...",
                   flush=True)
             images = tf.random.uniform([batch, FLAGS.image_size, FLAGS.image_size, 3], -1.0, 1.0)
-            calls = {"mixed": measure.model_call(mixed, images, None), "twin": measure.model_call(twin, images, None)}
+            calls = {"mixed": measure.model_call(mixed, images, None),
+                     "twin": measure.model_call(twin, images, None)}
             diff = float(np.abs(calls["mixed"]().numpy() - calls["twin"]().numpy()).max())
             seconds = measure.side_by_side(calls, FLAGS.min_seconds)
             rows.append(f"| {name} | {batch} | {seconds['mixed'] * 1e3:.1f} | {seconds['twin'] * 1e3:.1f} | "
                         f"{seconds['mixed'] / seconds['twin']:.2f}x | {diff:g} |")
     print(f"\n{FLAGS.policy} inference, {FLAGS.image_size} px, predict_step, ms per call:")
-    print(f"| model | batch | {FLAGS.policy} | {policy.compute_dtype} weights | speedup | max |difference| |\n"
-          "|---|---:|---:|---:|---:|---:|")
+    print(f"| model | batch | {FLAGS.policy} | {policy.compute_dtype} weights | speedup "
+          "| max |difference| |\n|---|---:|---:|---:|---:|---:|")
     print("\n".join(rows))
 
 

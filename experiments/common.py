@@ -49,7 +49,8 @@ def markdown_table(header: List[str], rows: List[List[str]]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_report(output_dir: str, title: str, intro: str, table: str, results: Dict, figures: List[str]) -> str:
+def write_report(output_dir: str, title: str, intro: str, table: str, results: Dict,
+                 figures: List[str]) -> str:
     """Writes `README.md` (title, setup, table, figures) and `results.json`; returns the README path."""
     os.makedirs(output_dir, exist_ok=True)
     with open(os.path.join(output_dir, "results.json"), "w") as f:

@@ -19,11 +19,13 @@ from experiments import common
 
 FLAGS = flags.FLAGS
 flags.DEFINE_list("models", ["resnet", "vit", "hybrid"], "Which of resnet, vit, hybrid to train.")
-flags.DEFINE_list("train_sizes", ["1000", "5000", "60000"], "Training images: the first N of the train split.")
+flags.DEFINE_list("train_sizes", ["1000", "5000", "60000"],
+                  "Training images: the first N of the train split.")
 flags.DEFINE_list("seeds", ["0"], "Seeds; every model and size runs with each.")
 flags.DEFINE_integer("steps", 400, "Optimizer steps per run, the same for every model and size.")
 flags.DEFINE_integer("batch_size", 128, "Batch size.")
-flags.DEFINE_string("dataset", "fashion_mnist_local", "TFDS name; the default reads the Debian package offline.")
+flags.DEFINE_string("dataset", "fashion_mnist_local",
+                    "TFDS name; the default reads the Debian package offline.")
 flags.DEFINE_string("output_dir", "reports/inductive_bias", "Where the table, plot and runs go.")
 
 # Two BiT stages of three units at half width (the second at stride 2): 28 px -> 4x4 x 256.
@@ -111,15 +113,16 @@ def main(argv):
                       "so far)", flush=True)
     macs = {kind: model_macs(kind) for kind in FLAGS.models}
     header = ["model", "MMACs / image"] + [f"{s:,} images" for s in sizes]
-    rows = [[kind, f"{macs[kind] / 1e6:.1f}"] + [common.mean_std(results[kind][str(s)]["top1"]) for s in sizes]
+    rows = [[kind, f"{macs[kind] / 1e6:.1f}"]
+            + [common.mean_std(results[kind][str(s)]["top1"]) for s in sizes]
             for kind in FLAGS.models]
     table = common.markdown_table(header, rows)
     figures = [_plot(results, sizes, FLAGS.output_dir)]
     intro = (f"Test top-1 on the 10k Fashion-MNIST test images after {FLAGS.steps} steps of batch "
              f"{FLAGS.batch_size} for every model and training-set size (the first N train images), seeds "
              f"{', '.join(map(str, seeds))}. ResNet: BiT stages {list(RESNET['num_layers'])} at width factor "
-             f"{RESNET['width_factor']}. ViT: 4 layers, width 64, 4x4 patches. Hybrid: one BiT stage, then the "
-             f"same ViT on the 7x7 feature map. Command: `python -m experiments.inductive_bias "
+             f"{RESNET['width_factor']}. ViT: 4 layers, width 64, 4x4 patches. Hybrid: one BiT stage, "
+             f"then the same ViT on the 7x7 feature map. Command: `python -m experiments.inductive_bias "
              f"--steps={FLAGS.steps} --batch_size={FLAGS.batch_size} --seeds={','.join(map(str, seeds))}`.")
     path = common.write_report(FLAGS.output_dir, "Inductive bias at small data", intro, table,
                                {"results": results, "macs": macs}, figures)

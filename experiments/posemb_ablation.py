@@ -22,7 +22,8 @@ flags.DEFINE_list("kinds", ["none", "learned", "sincos2d", "relative"], "Positio
 flags.DEFINE_list("seeds", ["0", "1", "2"], "Seeds; every kind runs with each.")
 flags.DEFINE_integer("steps", 400, "Optimizer steps per run.")
 flags.DEFINE_integer("batch_size", 128, "Batch size.")
-flags.DEFINE_string("dataset", "fashion_mnist_local", "TFDS name; the default reads the Debian package offline.")
+flags.DEFINE_string("dataset", "fashion_mnist_local",
+                    "TFDS name; the default reads the Debian package offline.")
 flags.DEFINE_string("train_split", "train", "Training split (e.g. 'train[:10000]').")
 flags.DEFINE_string("output_dir", "reports/posemb_ablation", "Where the table, plots and runs go.")
 
@@ -81,14 +82,15 @@ def main(argv):
     figures = [_plots(results, FLAGS.output_dir)]
     for kind in ("learned", "sincos2d"):
         if kind in results:
-            figures.append(_similarity_figure(os.path.join(FLAGS.output_dir, "runs", f"{kind}_seed{seeds[0]}"),
-                                              FLAGS.output_dir, kind))
+            run_dir = os.path.join(FLAGS.output_dir, "runs", f"{kind}_seed{seeds[0]}")
+            figures.append(_similarity_figure(run_dir, FLAGS.output_dir, kind))
     intro = (f"The README's small ViT (4 layers, width 64, 4x4 patches, 7x7 tokens) on Fashion-MNIST "
              f"`{FLAGS.train_split}`, tested on the 10k test images: {FLAGS.steps} steps of batch "
              f"{FLAGS.batch_size} per run, seeds {', '.join(map(str, seeds))}. Command: "
              f"`python -m experiments.posemb_ablation --steps={FLAGS.steps} --batch_size={FLAGS.batch_size} "
              f"--seeds={','.join(map(str, seeds))} --train_split='{FLAGS.train_split}'`.")
-    path = common.write_report(FLAGS.output_dir, "Position embedding ablation", intro, table, results, figures)
+    path = common.write_report(FLAGS.output_dir, "Position embedding ablation", intro, table, results,
+                               figures)
     print(table)
     print(f"Report: {path}\nFigures: {', '.join(os.path.join(FLAGS.output_dir, f) for f in figures)}")
 

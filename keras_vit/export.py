@@ -233,7 +233,8 @@ def write_models_config(serving_root: str, base_path_prefix: Optional[str] = Non
                 d.isdigit() for d in os.listdir(base)):
             entry = config.model_config_list.config.add()
             entry.name = name
-            entry.base_path = f"{base_path_prefix.rstrip('/')}/{name}" if base_path_prefix else os.path.abspath(base)
+            entry.base_path = (f"{base_path_prefix.rstrip('/')}/{name}" if base_path_prefix
+                               else os.path.abspath(base))
             entry.model_platform = "tensorflow"
     out = os.path.join(serving_root, "models.config")
     with open(out, "w") as f:
@@ -265,7 +266,8 @@ def main(argv):
                              top_k=FLAGS.top_k, activation=FLAGS.activation,
                              models_config_prefix=FLAGS.models_config_prefix,
                              weights_in_compute_dtype=FLAGS.weights_in_compute_dtype)
-    print(f"Wrote SavedModel to {out} and {os.path.join(os.path.dirname(os.path.abspath(FLAGS.output_dir)), 'models.config')}")
+    models_config = os.path.join(os.path.dirname(os.path.abspath(FLAGS.output_dir)), "models.config")
+    print(f"Wrote SavedModel to {out} and {models_config}")
 
 
 def _define_flags():
@@ -282,10 +284,11 @@ def _define_flags():
                         "Base-path prefix in models.config, e.g. /models inside the TF Serving container.")
     flags.DEFINE_enum("precision", None, list(precision.PRECISIONS),
                       "Dtype policy the SavedModel computes in, wherever it is served; default the one the "
-                      "model file names (float32 for keras_vit.train's). bf16 is fast only on AMX/AVX512-BF16 "
-                      "CPUs and recent GPUs, and auto means this machine's.")
+                      "model file names (float32 for keras_vit.train's). bf16 is fast only on "
+                      "AMX/AVX512-BF16 CPUs and recent GPUs, and auto means this machine's.")
     flags.DEFINE_bool("weights_in_compute_dtype", True,
-                      "Under a mixed policy, store the weights in the compute dtype (same outputs, half the size).")
+                      "Under a mixed policy, store the weights in the compute dtype "
+                      "(same outputs, half the size).")
 
 
 def run():

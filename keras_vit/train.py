@@ -48,8 +48,10 @@ def define_flags():
     flags.DEFINE_enum("strategy", "auto", list(STRATEGIES), "tf.distribute strategy.")
     flags.DEFINE_string("tpu", None, "TPU name or grpc:// address for --strategy=tpu ('local' on a TPU VM).")
     flags.DEFINE_string("tpu_zone", None, "GCE zone of a Cloud TPU named by --tpu (default: from metadata).")
-    flags.DEFINE_string("tpu_project", None, "GCP project of a Cloud TPU named by --tpu (default: from metadata).")
-    flags.DEFINE_enum("precision", "auto", list(PRECISIONS), "Dtype policy; auto picks bf16 on bf16 hardware.")
+    flags.DEFINE_string("tpu_project", None,
+                        "GCP project of a Cloud TPU named by --tpu (default: from metadata).")
+    flags.DEFINE_enum("precision", "auto", list(PRECISIONS),
+                      "Dtype policy; auto picks bf16 on bf16 hardware.")
     flags.DEFINE_bool("jit_compile", False, "XLA-compile the train step.")
     flags.DEFINE_integer("grad_accum", 1, "Gradient accumulation: micro-batches per update.")
     flags.DEFINE_integer("checkpoint_every", None, "Steps between checkpoints (default: one pass).")
@@ -60,7 +62,8 @@ def define_flags():
     flags.DEFINE_bool("cache", False, "Cache the encoded dataset in memory.")
     flags.DEFINE_bool("deterministic", False, "Deterministic input order and augmentation.")
     flags.DEFINE_bool("skip_bad_records", False, "Drop and count bad records instead of failing.")
-    flags.DEFINE_float("crop_area_min", 0.05, "Smallest Inception-crop area (the paper's 0.05; larger for tiny images).")
+    flags.DEFINE_float("crop_area_min", 0.05,
+                       "Smallest Inception-crop area (the paper's 0.05; larger for tiny images).")
 
 
 def main(argv):
@@ -95,7 +98,8 @@ def main(argv):
         from keras_vit.export import export_saved_model
 
         source = data.open_source(cfg.dataset, data_dir=cfg.data_dir, image_dir=cfg.image_dir)
-        out = export_saved_model(model, os.path.join(FLAGS.export_dir, model.name), class_names=source.class_names)
+        out = export_saved_model(model, os.path.join(FLAGS.export_dir, model.name),
+                                 class_names=source.class_names)
         print(f"SavedModel: {out}")
 
 

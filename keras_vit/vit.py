@@ -8,8 +8,8 @@ import keras
 from keras import ops
 
 from keras_vit.configs import ViTConfig, get_config
-from keras_vit.layers import ClassToken, EncoderBlock, LayerNorm, PatchEmbedding, PositionEmbedding, ResNetStem
-from keras_vit.layers import graph_kind
+from keras_vit.layers import (ClassToken, EncoderBlock, LayerNorm, PatchEmbedding, PositionEmbedding,
+                              ResNetStem, graph_kind)
 
 
 @keras.saving.register_keras_serializable(package="keras_vit")
@@ -49,7 +49,8 @@ class VisionTransformer(keras.Model):
         ]
         self.encoder_norm = LayerNorm(epsilon=c.layer_norm_epsilon, name="encoder_norm", **layer_kw)
         self.pre_logits = (keras.layers.Dense(c.representation_size, activation="tanh",
-                                              kernel_initializer="lecun_normal", name="pre_logits", **layer_kw)
+                                              kernel_initializer="lecun_normal", name="pre_logits",
+                                              **layer_kw)
                            if c.representation_size else None)
         self.head = (keras.layers.Dense(c.num_classes, kernel_initializer="zeros",
                                         bias_initializer=keras.initializers.Constant(c.head_bias_init),

@@ -61,7 +61,8 @@ def main(argv):
     md = os.path.join(FLAGS.output_dir, "model_zoo.md")
     with open(md, "w") as f:
         f.write(f"Models at {FLAGS.image_size}x{FLAGS.image_size}, {FLAGS.num_classes} classes.\n\n")
-        f.write("| model | params | GMACs | tokens | width | depth | heads |\n|---|---:|---:|---:|---:|---:|---:|\n")
+        f.write("| model | params | GMACs | tokens | width | depth | heads |\n"
+                "|---|---:|---:|---:|---:|---:|---:|\n")
         for r in rows:
             f.write(f"| {r['model']} | {r['params']:,} | {r['gmacs']:.2f} | {r['tokens']} | "
                     f"{r['hidden_size']} | {r['layers']} | {r['heads']} |\n")

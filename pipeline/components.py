@@ -220,7 +220,8 @@ def Dedup(  # noqa: N802
     train_raw = p | "ReadTrain" >> beam.io.ReadFromTFRecord(split_pattern(examples, "train"),
                                                               coder=beam.coders.BytesCoder())
     train = train_raw | "TrainRecords" >> beam.Map(_records_for_dedup, "")
-    refs = ([p | f"Read[{s}]" >> beam.io.ReadFromTFRecord(split_pattern(examples, s), coder=beam.coders.BytesCoder())
+    refs = ([p | f"Read[{s}]" >> beam.io.ReadFromTFRecord(split_pattern(examples, s),
+                                                          coder=beam.coders.BytesCoder())
              | f"Records[{s}]" >> beam.Map(_records_for_dedup, f"{s}:") for s in references]
             | "AllReferences" >> beam.Flatten())
     pairs = (train, refs) | "FindDuplicates" >> dedup_beam.FindDuplicates(threshold=threshold)
@@ -235,7 +236,8 @@ def Dedup(  # noqa: N802
     result.wait_until_finish()
 
     for s in references:  # passed through unchanged
-        src, dst = artifact_utils.get_split_uri([examples], s), os.path.join(deduplicated_examples.uri, f"Split-{s}")
+        src = artifact_utils.get_split_uri([examples], s)
+        dst = os.path.join(deduplicated_examples.uri, f"Split-{s}")
         tf.io.gfile.makedirs(dst)
         for name in tf.io.gfile.listdir(src):
             tf.io.gfile.copy(os.path.join(src, name), os.path.join(dst, name), overwrite=True)

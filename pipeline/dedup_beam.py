@@ -119,7 +119,8 @@ def FindDuplicates(pcolls, threshold=None, config: dedup.DedupConfig = dedup.Ded
     near = ({"cand": cands, "thumb": train_t | "ThumbById" >> beam.Map(lambda r: (r[0], r[1]))}
             | "JoinCandidates" >> beam.CoGroupByKey()
             | "Verify" >> beam.FlatMap(
-                _verify, beam.pvalue.AsDict(ref_t | "RefById" >> beam.Map(lambda r: (r[0], r[1]))), threshold))
+                _verify, beam.pvalue.AsDict(ref_t | "RefById" >> beam.Map(lambda r: (r[0], r[1]))),
+                threshold))
     return ((exact, near) | "AllPairs" >> beam.Flatten()
             | "BestScore" >> beam.CombinePerKey(max)  # an exact match outranks a near one
             | "Flat" >> beam.Map(lambda kv: (kv[0][0], kv[0][1], kv[1][1], "exact" if kv[1][0] else "near")))

@@ -83,7 +83,8 @@ def create_pipeline(
         stats_options=tfdv.StatsOptions(enable_semantic_domain_stats=True))
     schema_gen = tfx.components.SchemaGen(statistics=statistics_gen.outputs["statistics"],
                                           infer_feature_shape=False)
-    curate = components.CurateSchema(schema=schema_gen.outputs["schema"], examples=example_gen.outputs["examples"])
+    curate = components.CurateSchema(schema=schema_gen.outputs["schema"],
+                                     examples=example_gen.outputs["examples"])
     example_validator = tfx.components.ExampleValidator(
         statistics=statistics_gen.outputs["statistics"], schema=curate.outputs["curated_schema"])
     gate = components.ValidationGate(anomalies=example_validator.outputs["anomalies"])
@@ -116,6 +117,7 @@ def create_pipeline(
         components=[example_gen, statistics_gen, schema_gen, curate, example_validator, gate, dedup, trainer,
                     baseline, evaluator, pusher],
         enable_cache=enable_cache,
-        metadata_connection_config=(tfx.orchestration.metadata.sqlite_metadata_connection_config(metadata_path)
-                                    if metadata_path else None),
+        metadata_connection_config=(
+            tfx.orchestration.metadata.sqlite_metadata_connection_config(metadata_path)
+            if metadata_path else None),
         beam_pipeline_args=beam_pipeline_args)

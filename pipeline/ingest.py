@@ -146,8 +146,9 @@ def tfds_class_names(builder):
     keys = builder.info.supervised_keys or ("image", "label")
     image_key, label_key = keys[0], keys[1]
     features = builder.info.features
-    if image_key not in features or label_key not in features or not isinstance(
-            features[image_key], tfds.features.Image) or not isinstance(features[label_key], tfds.features.ClassLabel):
+    if (image_key not in features or label_key not in features
+            or not isinstance(features[image_key], tfds.features.Image)
+            or not isinstance(features[label_key], tfds.features.ClassLabel)):
         raise ValueError(f"{builder.name}: supervised keys {keys} are not an image and a class label")
     return image_key, label_key, list(features[label_key].names)
 
@@ -262,7 +263,8 @@ def read_source(p: beam.Pipeline, spec: SourceSpec, parallelism: int = 8) -> Ing
             if not tf.io.gfile.glob(pattern):
                 raise FileNotFoundError(f"tfrecords {split}: no files match {pattern}")
             sources[out_split] = (
-                p | f"ReadTFRecords[{out_split}]" >> beam.io.ReadFromTFRecord(pattern, coder=beam.coders.BytesCoder())
+                p | f"ReadTFRecords[{out_split}]" >> beam.io.ReadFromTFRecord(
+                    pattern, coder=beam.coders.BytesCoder())
                 | f"Complete[{out_split}]" >> beam.Map(_complete_record, class_names))
         if "eval" not in sources:
             carve = sources.pop("train")

@@ -85,7 +85,8 @@ def contact_sheet(pairs: List[dict], images: Dict[tuple, bytes]) -> bytes:
             data = images.get(key)
             if data is not None:
                 with Image.open(io.BytesIO(data)) as im:
-                    sheet.paste(im.convert("RGB").resize((CELL - 4, CELL - 4)), (col * CELL + 2, row * CELL + 2))
+                    sheet.paste(im.convert("RGB").resize((CELL - 4, CELL - 4)),
+                                (col * CELL + 2, row * CELL + 2))
         draw.text((2 * CELL + 8, row * CELL + 8),
                   f"{x['kind']}  {x['score']:.4f}\ntrain {x['train_id'][-28:]}\n"
                   f"{x['reference_split']} {x['reference_id'][-28:]}", fill="black")

@@ -116,7 +116,8 @@ def summarise_run(metadata_path: str, pipeline_root: str, pipeline_name: str) ->
     from ml_metadata.proto import metadata_store_pb2
     from tfx import v1 as tfx
 
-    store = metadata_store.MetadataStore(tfx.orchestration.metadata.sqlite_metadata_connection_config(metadata_path))
+    store = metadata_store.MetadataStore(
+        tfx.orchestration.metadata.sqlite_metadata_connection_config(metadata_path))
     pipeline_ctx = store.get_context_by_type_and_name("pipeline", pipeline_name)
     runs = {}
     if pipeline_ctx is not None:  # a store may hold several pipelines: only this one's runs
@@ -146,7 +147,8 @@ def summarise_run(metadata_path: str, pipeline_root: str, pipeline_name: str) ->
 
     summary = {"pushed": False, "serving_model_path": None, "accuracy": None, "dedup": None,
                "pipeline_root": os.path.abspath(pipeline_root), "run_id": run.name}
-    states = {name: metadata_store_pb2.Execution.State.Name(e.last_known_state) for name, (e, _) in nodes.items()}
+    states = {name: metadata_store_pb2.Execution.State.Name(e.last_known_state)
+              for name, (e, _) in nodes.items()}
     summary["executions"] = {n: states[n] for n in COMPONENT_ORDER if n in states}
     if "Dedup" in nodes and "report" in nodes["Dedup"][1]:
         summary["dedup"] = json.loads(prop(nodes["Dedup"][1]["report"], "removed") or "null")
@@ -156,8 +158,8 @@ def summarise_run(metadata_path: str, pipeline_root: str, pipeline_name: str) ->
             if metrics.slice_key.single_slice_keys:
                 continue
             for kv in metrics.metric_keys_and_values:
-                if kv.key.name == "sparse_categorical_accuracy" and not kv.key.is_diff and kv.key.model_name in (
-                        "", "candidate"):
+                if (kv.key.name == "sparse_categorical_accuracy" and not kv.key.is_diff
+                        and kv.key.model_name in ("", "candidate")):
                     summary["accuracy"] = round(kv.value.double_value.value, 6)
     if "ServingPusher" in nodes and "pushed_model" in nodes["ServingPusher"][1]:
         execution, outputs = nodes["ServingPusher"]
@@ -193,7 +195,8 @@ def _define_flags():
     flags.DEFINE_list("tfrecords", None, "split=pattern pairs of tf.Example TFRecords (image, label); "
                       "replaces --dataset.")
     flags.DEFINE_list("class_names", None, "Class names for --tfrecords (default: from the data).")
-    flags.DEFINE_float("eval_percent", 10.0, "Percent of train held out as eval when the source has no eval split.")
+    flags.DEFINE_float("eval_percent", 10.0,
+                       "Percent of train held out as eval when the source has no eval split.")
     flags.DEFINE_string("model", "ViT-Ti/16", "A keras_vit model name.")
     flags.DEFINE_string("model_overrides", json.dumps(DEFAULT_OVERRIDES), "JSON of ViTConfig overrides.")
     flags.DEFINE_integer("image_size", 28, "Model input size.")
@@ -208,17 +211,21 @@ def _define_flags():
     flags.DEFINE_string("weights", None, "Checkpoint to start from (with --recipe=finetune).")
     flags.DEFINE_string("precision", "auto", "auto, float32, mixed_bfloat16 or mixed_float16.")
     flags.DEFINE_string("strategy", "auto", "tf.distribute strategy for the Trainer.")
-    flags.DEFINE_string("pipeline_name", "keras-vit", "Pipeline name ([a-z0-9][a-z0-9-]*, as Kubeflow needs).")
+    flags.DEFINE_string("pipeline_name", "keras-vit",
+                        "Pipeline name ([a-z0-9][a-z0-9-]*, as Kubeflow needs).")
     flags.DEFINE_string("pipeline_root", "runs/pipeline", "Where artifacts go.")
-    flags.DEFINE_string("metadata_path", None, "SQLite ML Metadata file (default <pipeline_root>/metadata.sqlite).")
-    flags.DEFINE_string("serving_dir", "saved_models", "Pushed models go to <serving_dir>/<model_name>/<version>/.")
+    flags.DEFINE_string("metadata_path", None,
+                        "SQLite ML Metadata file (default <pipeline_root>/metadata.sqlite).")
+    flags.DEFINE_string("serving_dir", "saved_models",
+                        "Pushed models go to <serving_dir>/<model_name>/<version>/.")
     flags.DEFINE_string("model_name", "vit", "Serving model name.")
     flags.DEFINE_integer("beam_direct_workers", 1, "DirectRunner processes (1: in memory).")
     flags.DEFINE_list("beam_pipeline_args", [], "More Beam flags (Flink, Spark, Dataflow).")
     flags.DEFINE_float("dedup_threshold", dedup.DEFAULT_THRESHOLD, "Near-duplicate correlation threshold.")
     flags.DEFINE_float("accuracy_threshold", 0.8, "Top-1 on eval a model needs to be blessed.")
     flags.DEFINE_boolean("enable_cache", True, "Reuse cached component results.")
-    flags.DEFINE_enum("runner", "local", ["local", "kubeflow_v2"], "local runs; kubeflow_v2 compiles a JSON spec.")
+    flags.DEFINE_enum("runner", "local", ["local", "kubeflow_v2"],
+                      "local runs; kubeflow_v2 compiles a JSON spec.")
     flags.DEFINE_string("kubeflow_output", "keras_vit_pipeline.json", "Where --runner=kubeflow_v2 writes.")
     flags.DEFINE_string("kubeflow_image", "keras-vit:latest", "Container image for the Kubeflow V2 spec.")
 
@@ -241,7 +248,8 @@ def build_from_flags(FLAGS):
     train_config = {
         "model": FLAGS.model, "model_overrides": json.loads(FLAGS.model_overrides or "{}"),
         "image_size": FLAGS.image_size, "batch_size": FLAGS.batch_size, "learning_rate": FLAGS.learning_rate,
-        "weight_decay": FLAGS.weight_decay, "warmup_steps": FLAGS.warmup_steps, "dropout_rate": FLAGS.dropout_rate,
+        "weight_decay": FLAGS.weight_decay, "warmup_steps": FLAGS.warmup_steps,
+        "dropout_rate": FLAGS.dropout_rate,
         "crop_area_min": FLAGS.crop_area_min, "recipe": FLAGS.recipe, "weights": FLAGS.weights,
         "precision": FLAGS.precision, "strategy": FLAGS.strategy, "cache": True,
     }

@@ -42,8 +42,8 @@ def run_fn(fn_args: FnArgs) -> None:
     from pipeline import components
 
     class_names = components.read_class_names(_examples_root(fn_args.train_files))
-    source = data.TFRecordSource("pipeline_examples", {"train": fn_args.train_files, "eval": fn_args.eval_files},
-                                 class_names)
+    files = {"train": fn_args.train_files, "eval": fn_args.eval_files}
+    source = data.TFRecordSource("pipeline_examples", files, class_names)
     cfg = train_config(fn_args)
     result = training.train(cfg, source=source)
     export.write_saved_model(result["model_obj"], fn_args.serving_model_dir, class_names=class_names,

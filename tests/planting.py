@@ -59,8 +59,10 @@ def write_image_folder(root, train_x, train_y, test_x, test_y, class_names, *, n
     for k, kind in enumerate(KINDS):
         for ref, i in test_paths[k * planted_per_kind:(k + 1) * planted_per_kind]:
             ext = "jpg" if kind == "jpeg_75" else "png"
-            planted[save("train", test_y[i], f"dup_{kind}_te{i}.{ext}", plant(test_x[i], kind))] = (kind, "test", ref)
+            path = save("train", test_y[i], f"dup_{kind}_te{i}.{ext}", plant(test_x[i], kind))
+            planted[path] = (kind, "test", ref)
         ref, i = val_paths[k]
         ext = "jpg" if kind == "jpeg_75" else "png"
-        planted[save("train", train_y[i], f"dup_{kind}_va{i}.{ext}", plant(train_x[i], kind))] = (kind, "eval", ref)
+        path = save("train", train_y[i], f"dup_{kind}_va{i}.{ext}", plant(train_x[i], kind))
+        planted[path] = (kind, "eval", ref)
     return planted

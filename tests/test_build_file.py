@@ -63,7 +63,8 @@ def test_every_python_file_belongs_to_exactly_one_target(path):
     assert len(owners(path)) == 1, f"{path} belongs to {owners(path) or 'no target'}"
 
 
-@pytest.mark.parametrize("path", [p for p in tracked_python_files() if os.path.basename(p).startswith("test_")])
+@pytest.mark.parametrize("path", [p for p in tracked_python_files()
+                                  if os.path.basename(p).startswith("test_")])
 def test_every_test_file_is_a_py_test(path):
     (owner,) = owners(path)
     assert TARGETS[owner]["kind"] == "py_test" and TARGETS[owner]["srcs"] == [path]
@@ -122,4 +123,5 @@ def test_imports_of_our_modules_are_reachable_through_deps(path):
             target = module_owner(prefix) if prefix != "conftest" else "test_support"
             if target is None:
                 continue  # a name imported from a module, not a module
-            assert target in reachable, f"{path} imports {prefix} ({target}) but {owner} does not depend on it"
+            assert target in reachable, (f"{path} imports {prefix} ({target}) "
+                                         f"but {owner} does not depend on it")

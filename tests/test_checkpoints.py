@@ -29,7 +29,8 @@ def logits(model, x):
     return model.predict(x, verbose=0)
 
 
-@pytest.mark.parametrize("ckpt, io", [(TOKEN_REP, "vit_tiny_token_rep_io.npz"), (HYBRID, "r_tiny_hybrid_io.npz")])
+@pytest.mark.parametrize("ckpt, io", [(TOKEN_REP, "vit_tiny_token_rep_io.npz"),
+                                      (HYBRID, "r_tiny_hybrid_io.npz")])
 def test_official_logits_match(ckpt, io):
     ref = load_io(io)
     model = keras_vit.create_model(None, weights=ckpt)
@@ -82,7 +83,8 @@ def test_fine_tuning_at_a_higher_resolution_interpolates_and_resets_the_head(cap
                                   params["Transformer/encoderblock_1/MlpBlock_3/Dense_1/kernel"])
     notes = load_into(model, open_checkpoint(TOKEN_REP))
     assert any("resized from a 4x4 grid to 8x8" in n for n in notes)
-    assert any("head re-initialised to zeros for 3 classes (checkpoint has a 10-class head)" in n for n in notes)
+    assert any("head re-initialised to zeros for 3 classes (checkpoint has a 10-class head)" in n
+               for n in notes)
     assert any("pre_logits" in n and "dropped" in n for n in notes)
 
 
@@ -181,8 +183,10 @@ def test_hugging_face_other_model_types_are_refused(tmp_path):
 @pytest.mark.parametrize("edit, message", [
     (lambda p: p.pop("Transformer/encoderblock_1/LayerNorm_2/scale"),
      r"missing tensor 'Transformer/encoderblock_1/LayerNorm_2/scale'"),
-    (lambda p: p.update({"Transformer/encoderblock_0/MlpBlock_3/Dense_0/kernel": np.zeros((64, 100), "float32")}),
-     r"'Transformer/encoderblock_0/MlpBlock_3/Dense_0/kernel' has shape \(64, 100\), model expects \(64, 128\)"),
+    (lambda p: p.update({"Transformer/encoderblock_0/MlpBlock_3/Dense_0/kernel":
+                         np.zeros((64, 100), "float32")}),
+     r"'Transformer/encoderblock_0/MlpBlock_3/Dense_0/kernel' has shape \(64, 100\), "
+     r"model expects \(64, 128\)"),
     (lambda p: p.update({"Transformer/encoderblock_0/extra/kernel": np.zeros(3, "float32")}),
      r"fit no part of model .*'Transformer/encoderblock_0/extra/kernel'"),
     (lambda p: p.update({"Transformer/encoderblock_0/MultiHeadDotProductAttention_1/key/kernel":

@@ -23,7 +23,8 @@ def test_idx_reader_round_trips_and_rejects_bad_files(tmp_path):
         fashion_mnist.read_idx(str(tmp_path / "bad"))
 
 
-@pytest.mark.skipif(not os.path.exists(fashion_mnist.DEFAULT_DIR), reason="dataset-fashion-mnist not installed")
+@pytest.mark.skipif(not os.path.exists(fashion_mnist.DEFAULT_DIR),
+                    reason="dataset-fashion-mnist not installed")
 def test_the_real_debian_fashion_mnist():
     images, labels = fashion_mnist.load_arrays("test", fashion_mnist.DEFAULT_DIR)
     assert images.shape == (10000, 28, 28) and images.dtype == np.uint8
@@ -81,7 +82,8 @@ def test_eval_is_one_ordered_pass_with_the_serving_preprocessing(fake_fmnist):
     expected = preprocessing.decode_for_eval(raw["image"], 28)
     np.testing.assert_array_equal(batches[0][0][0], expected)
     assert int(batches[0][1][0]) == int(raw["label"])
-    one = next(iter(data.make_dataset(source, "test", image_size=28, batch_size=4, training=False, channels=1)))
+    one = next(iter(data.make_dataset(source, "test", image_size=28, batch_size=4, training=False,
+                                      channels=1)))
     assert one[0].shape == (4, 28, 28, 1)
 
 
@@ -132,14 +134,16 @@ def make_image_folder(root, corrupt=False):
 def test_image_folder(tmp_path):
     source = data.open_source(image_dir=make_image_folder(tmp_path))
     assert source.class_names == ["cat", "dog"] and source.splits == {"train": 12, "test": 6}
-    images, labels = next(iter(data.make_dataset(source, "train", image_size=16, batch_size=12, training=True)))
+    images, labels = next(iter(data.make_dataset(source, "train", image_size=16, batch_size=12,
+                                                 training=True)))
     assert images.shape == (12, 16, 16, 3) and set(labels.numpy()) == {0, 1}
 
 
 def test_bad_image_is_named_or_skipped_and_counted(tmp_path):
     source = data.open_source(image_dir=make_image_folder(tmp_path, corrupt=True))
     ds = data.make_dataset(source, "train", image_size=16, batch_size=13, training=False)
-    with pytest.raises(tf.errors.InvalidArgumentError, match=r"train record .*broken.jpg \(18 bytes\) is not a JPEG"):
+    with pytest.raises(tf.errors.InvalidArgumentError,
+                       match=r"train record .*broken.jpg \(18 bytes\) is not a JPEG"):
         list(ds)
     stats = data.DataStats()
     ds = data.make_dataset(source, "train", image_size=16, batch_size=13, training=False,
@@ -158,7 +162,8 @@ class _BadLabelSource(data.Source):
 def test_out_of_range_label_is_named_or_skipped(tmp_path):
     folder = tfds.folder_dataset.ImageFolder(make_image_folder(tmp_path))  # two classes
     source = _BadLabelSource("fake", folder, "image", "label", "tfds_id")
-    with pytest.raises(tf.errors.InvalidArgumentError, match=r"fake train record b: label 7 is outside \[0, 2\)"):
+    with pytest.raises(tf.errors.InvalidArgumentError,
+                       match=r"fake train record b: label 7 is outside \[0, 2\)"):
         list(data.make_dataset(source, "train", image_size=4, batch_size=2, training=False))
     stats = data.DataStats()
     ds = data.make_dataset(source, "train", image_size=4, batch_size=2, training=False, skip_bad_records=True,

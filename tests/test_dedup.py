@@ -123,7 +123,8 @@ def test_band_operator_is_the_difference_of_gaussians():
     from scipy.ndimage import gaussian_filter
 
     t = np.random.RandomState(0).rand(dedup.THUMB, dedup.THUMB).astype(np.float32)
-    want = gaussian_filter(t, dedup.BAND[0], mode="nearest") - gaussian_filter(t, dedup.BAND[1], mode="nearest")
+    want = (gaussian_filter(t, dedup.BAND[0], mode="nearest")
+            - gaussian_filter(t, dedup.BAND[1], mode="nearest"))
     np.testing.assert_allclose(t.reshape(-1) @ dedup.band_operator(), want.reshape(-1), atol=1e-5)
     # Constant images have no band: a flat thumbnail normalises to zeros.
     assert np.abs(np.ones(dedup.THUMB ** 2, np.float32) @ dedup.band_operator()).max() < 1e-5

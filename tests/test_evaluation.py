@@ -40,8 +40,8 @@ def test_fewshot_separable_features_are_solved_and_shots_are_balanced():
     assert np.bincount(train_y[idx]).tolist() == [5, 5, 5, 5]
     with pytest.raises(ValueError, match="fewer than 40 shots"):
         evaluation.sample_shots(train_y, 40, seed=0)
-    noise = evaluation.fewshot_accuracy(rng.normal(size=(120, 16)), train_y, rng.normal(size=(40, 16)), test_y,
-                                        shots=(5,))
+    noise = evaluation.fewshot_accuracy(rng.normal(size=(120, 16)), train_y,
+                                        rng.normal(size=(40, 16)), test_y, shots=(5,))
     assert noise[5][0] < 0.6
 
 

@@ -72,7 +72,8 @@ def test_layout_versions_and_models_config(exported, tmp_path):
     from google.protobuf import text_format
     from tensorflow_serving.config import model_server_config_pb2
 
-    config = text_format.Parse((root / "models.config").read_text(), model_server_config_pb2.ModelServerConfig())
+    config = text_format.Parse((root / "models.config").read_text(),
+                               model_server_config_pb2.ModelServerConfig())
     (entry,) = config.model_config_list.config
     assert (entry.name, entry.base_path, entry.model_platform) == ("tiny", str(root / "tiny"), "tensorflow")
     again = export_saved_model(model, str(tmp_path / "m"), class_names=CLASSES)
@@ -185,7 +186,8 @@ def test_fresh_process_without_keras_vit_gives_the_models_probabilities(exported
         for kind in ("bytes", "examples", "pre"):
             np.testing.assert_allclose(out[f"{kind}_probabilities"], expected, atol=1e-5)
             np.testing.assert_array_equal(out[f"{kind}_classes"], expected.argmax(-1))
-            assert [n.decode() for n in out[f"{kind}_class_names"]] == [CLASSES[i] for i in expected.argmax(-1)]
+            names = [n.decode() for n in out[f"{kind}_class_names"]]
+            assert names == [CLASSES[i] for i in expected.argmax(-1)]
             np.testing.assert_array_equal(out[f"{kind}_top_k_classes"][:, 0], expected.argmax(-1))
             np.testing.assert_allclose(out[f"{kind}_top_k_probabilities"],
                                        -np.sort(-expected, axis=-1)[:, :5], atol=1e-5)
@@ -240,7 +242,8 @@ def test_in_graph_preprocessing_matches_the_input_pipeline():
     rgba = np.concatenate([rgb, np.full((32, 32, 1), 7, np.uint8)], -1)
     np.testing.assert_array_equal(preprocessing.decode_for_eval(encode(rgba, "PNG"), 32).numpy(), scaled(rgb))
     big = preprocessing.decode_for_eval(encode(rgb, "PNG"), (64, 48)).numpy()
-    np.testing.assert_allclose(big, scaled(tf.image.resize(rgb.astype(np.float32), (64, 48)).numpy()), atol=1e-6)
+    resized = tf.image.resize(rgb.astype(np.float32), (64, 48)).numpy()
+    np.testing.assert_allclose(big, scaled(resized), atol=1e-6)
 
 
 def test_predict_requests_map_onto_each_signature(exported):
@@ -287,9 +290,11 @@ def test_warmup_requests_parse_and_run(exported):
 def test_bad_input_is_named_and_wrong_types_are_rejected(exported):
     sig = tf.saved_model.load(exported[2]).signatures
     good = sample_images()[0]
-    with pytest.raises(tf.errors.InvalidArgumentError, match=r"image_bytes\[1\] \(23 bytes\) is not a JPEG, PNG, GIF or BMP image"):
+    with pytest.raises(tf.errors.InvalidArgumentError,
+                       match=r"image_bytes\[1\] \(23 bytes\) is not a JPEG, PNG, GIF or BMP image"):
         sig["serving_default"](image_bytes=tf.constant([good, b"definitely not an image"]))
-    with pytest.raises(tf.errors.InvalidArgumentError, match=r"examples.image\[0\] \(9 bytes\) is not a JPEG"):
+    with pytest.raises(tf.errors.InvalidArgumentError,
+                       match=r"examples.image\[0\] \(9 bytes\) is not a JPEG"):
         sig["serving_examples"](examples=tf.constant([example(b"GIF7 nope")]))
     with pytest.raises((TypeError, ValueError, tf.errors.InvalidArgumentError)):
         sig["serving_default"](image_bytes=tf.constant([1.0, 2.0]))
@@ -311,8 +316,9 @@ def test_live_tf_serving_rest_and_grpc(exported):
 
     model, root, _ = exported
     grpc_port, rest_port = _free_port(), _free_port()
-    server = subprocess.Popen(["tensorflow_model_server", f"--port={grpc_port}", f"--rest_api_port={rest_port}",
-                               "--rest_api_num_threads=2", f"--model_config_file={root / 'models.config'}"],
+    server = subprocess.Popen(["tensorflow_model_server", f"--port={grpc_port}",
+                               f"--rest_api_port={rest_port}", "--rest_api_num_threads=2",
+                               f"--model_config_file={root / 'models.config'}"],
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
         url = f"http://127.0.0.1:{rest_port}/v1/models/tiny"
@@ -332,7 +338,8 @@ def test_live_tf_serving_rest_and_grpc(exported):
         reply = json.loads(urllib.request.urlopen(urllib.request.Request(f"{url}:predict", data=body),
                                                   timeout=30).read())
         np.testing.assert_allclose([p["probabilities"] for p in reply["predictions"]], expected, atol=1e-5)
-        stub = prediction_service_pb2_grpc.PredictionServiceStub(grpc.insecure_channel(f"127.0.0.1:{grpc_port}"))
+        stub = prediction_service_pb2_grpc.PredictionServiceStub(
+            grpc.insecure_channel(f"127.0.0.1:{grpc_port}"))
         request = predict_pb2.PredictRequest()
         request.model_spec.name = "tiny"
         request.model_spec.signature_name = "serving_default"
@@ -379,7 +386,8 @@ def test_command_line_export_says_where_it_wrote(exported, tmp_path):
     model = exported[0]
     model.save(str(tmp_path / "tiny.keras"))
     run = subprocess.run([sys.executable, "-m", "keras_vit.export", f"--model={tmp_path / 'tiny.keras'}",
-                          f"--output_dir={tmp_path / 'serving' / 'tiny'}", "--class_names=" + ",".join(CLASSES)],
+                          f"--output_dir={tmp_path / 'serving' / 'tiny'}",
+                          "--class_names=" + ",".join(CLASSES)],
                          capture_output=True, text=True)
     assert run.returncode == 0, run.stderr[-2000:]
     assert f"Wrote SavedModel to {tmp_path / 'serving' / 'tiny' / '1'}" in run.stdout
@@ -401,7 +409,8 @@ def test_command_line_export_in_another_precision(exported, tmp_path):
     assert "policy mixed_bfloat16, weights stored as bfloat16, float32" in run.stderr
     assert "bfloat16" in _variables(str(tmp_path / "tiny" / "1"))[0].values()
     expected, pre = expected_outputs(with_policy(exported[0], "mixed_bfloat16"), sample_images())
-    out = tf.saved_model.load(str(tmp_path / "tiny" / "1")).signatures["predict_images"](images=tf.constant(pre))
+    signature = tf.saved_model.load(str(tmp_path / "tiny" / "1")).signatures["predict_images"]
+    out = signature(images=tf.constant(pre))
     np.testing.assert_allclose(out["probabilities"].numpy(), expected, rtol=1e-6, atol=1e-7)
 
 

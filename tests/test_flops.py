@@ -32,18 +32,19 @@ def test_resnet_convs_equal_output_size_times_kernel_size():
     model = keras_vit.create_model("R26+ViT-S/32", num_classes=10, image_size=64)
     stem = model.resnet
     shape = (1, 64, 64, 3)
-    total = 0
+
+    def conv_macs(output_shape, conv):
+        return int(np.prod(output_shape[1:3])) * int(np.prod(conv.kernel.shape))
+
     x_shape = stem.conv_root.compute_output_shape(shape)
-    total += int(np.prod(x_shape[1:3])) * int(np.prod(stem.conv_root.kernel.shape))
+    total = conv_macs(x_shape, stem.conv_root)
     x_shape = stem.pool.compute_output_shape(x_shape)
     for unit in stem.units:
         out = unit.compute_output_shape(x_shape)
-        for conv, in_shape in ((unit.conv1, x_shape), (unit.conv_proj, x_shape)):
+        for conv in (unit.conv1, unit.conv_proj):
             if conv is not None:
-                total += int(np.prod(conv.compute_output_shape(in_shape)[1:3])) * int(np.prod(conv.kernel.shape))
-        mid = unit.conv1.compute_output_shape(x_shape)
-        total += int(np.prod(out[1:3])) * (int(np.prod(unit.conv2.kernel.shape)) + int(np.prod(unit.conv3.kernel.shape)))
-        del mid
+                total += conv_macs(conv.compute_output_shape(x_shape), conv)
+        total += conv_macs(out, unit.conv2) + conv_macs(out, unit.conv3)
         x_shape = out
     assert forward_macs(model, breakdown=True)["resnet_conv"] == total
 

@@ -90,7 +90,8 @@ def test_user_records_are_completed_and_incomplete_ones_passed_on():
     assert ingest.feature_bytes(full, ingest.LABEL_NAME) == b"b"
     assert ingest.feature_bytes(full, ingest.SOURCE_ID).startswith(b"tfrecord:")
     assert ingest.feature_bytes(full, ingest.HASH).decode() == dedup.pixel_hash(image)
-    kept = ingest._complete_record(_user_record(image=image, label=1, source_id=b"mine", label_name=b"B"), None)
+    user = _user_record(image=image, label=1, source_id=b"mine", label_name=b"B")
+    kept = ingest._complete_record(user, None)
     assert ingest.feature_bytes(kept, ingest.SOURCE_ID) == b"mine"
     assert ingest.feature_bytes(kept, ingest.LABEL_NAME) == b"B"
     no_image = ingest._complete_record(_user_record(label=0), ["a", "b"])
@@ -135,7 +136,8 @@ def _ingest(spec, out_dir):
 def test_tfds_source_gives_train_eval_and_test(fake_fmnist, tmp_path):
     from keras_vit import fashion_mnist
 
-    splits, names = _ingest(ingest.SourceSpec(dataset="fashion_mnist_local", data_dir=fake_fmnist), str(tmp_path))
+    spec = ingest.SourceSpec(dataset="fashion_mnist_local", data_dir=fake_fmnist)
+    splits, names = _ingest(spec, str(tmp_path))
     assert names == fashion_mnist.CLASS_NAMES
     assert sorted(splits) == ["eval", "test", "train"]
     assert len(splits["train"]) + len(splits["eval"]) == 96 and len(splits["test"]) == 48
@@ -145,7 +147,8 @@ def test_tfds_source_gives_train_eval_and_test(fake_fmnist, tmp_path):
     ex = splits["test"][0]
     label = ingest.feature_int(ex, ingest.LABEL)
     assert ingest.feature_bytes(ex, ingest.LABEL_NAME).decode() == names[label]
-    assert ingest.feature_bytes(ex, ingest.HASH).decode() == dedup.pixel_hash(ingest.feature_bytes(ex, ingest.IMAGE))
+    image = ingest.feature_bytes(ex, ingest.IMAGE)
+    assert ingest.feature_bytes(ex, ingest.HASH).decode() == dedup.pixel_hash(image)
 
 
 def test_tfrecord_source_learns_class_names_from_the_data(tmp_path):
@@ -155,7 +158,8 @@ def test_tfrecord_source_learns_class_names_from_the_data(tmp_path):
         for i in range(40):
             w.write(_user_record(image=image, label=i % 3, label_name=[b"a", b"b", b"c"][i % 3],
                                  source_id=f"r{i}".encode()))
-    splits, names = _ingest(ingest.SourceSpec(tfrecords={"train": path}, eval_percent=25), str(tmp_path / "out"))
+    spec = ingest.SourceSpec(tfrecords={"train": path}, eval_percent=25)
+    splits, names = _ingest(spec, str(tmp_path / "out"))
     assert names is None  # known after the run, from the (label, name) pairs
     assert sorted(splits) == ["eval", "train"]
     assert len(splits["train"]) + len(splits["eval"]) == 40 and splits["eval"]

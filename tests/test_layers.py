@@ -57,7 +57,8 @@ class LayerHarnessTest(testing.TestCase):
 
     def test_encoder_block(self):
         self.run_layer_test(layers.EncoderBlock,
-                            {"num_heads": 2, "mlp_dim": 16, "dropout_rate": 0.1, "stochastic_depth_rate": 0.1},
+                            {"num_heads": 2, "mlp_dim": 16, "dropout_rate": 0.1,
+                             "stochastic_depth_rate": 0.1},
                             input_shape=(2, 5, 8), expected_output_shape=(2, 5, 8),
                             expected_num_trainable_weights=12)
 
@@ -281,7 +282,8 @@ def test_vit_predict_and_evaluate_steps_are_never_saved_traces():
     assert _xla_calls(_executed_graph(portable, x)) == 0
     expected = portable(x).numpy()
     for data in (x, tf.data.Dataset.from_tensor_slices(x).batch(8)):  # static, then dynamic batch
-        np.testing.assert_allclose(model.predict(data, verbose=0), expected, atol=0.03 * np.abs(expected).max())
+        np.testing.assert_allclose(model.predict(data, verbose=0), expected,
+                                   atol=0.03 * np.abs(expected).max())
     seen = []
     model.compile(loss=lambda y, logits: (seen.append(graph_kind.xla_kernels_allowed()), ops.mean(logits))[1])
     model.evaluate(x, np.zeros(8), verbose=0)
@@ -332,7 +334,8 @@ def test_project_gelu_computes_the_map_in_either_form(rows, static, approximate)
     rounded = [np.asarray(tf.cast(tf.cast(a, tf.bfloat16), tf.float32), np.float64) for a in (x, w, b)]
     expected = _gelu64(rounded[0] @ rounded[1] * 0.3 + rounded[2], approximate)
     for never_saved in (True, False):
-        fn = tf.function(lambda t: projection.project_gelu(t, w * 0.3, b, approximate), input_signature=[spec])
+        fn = tf.function(lambda t: projection.project_gelu(t, w * 0.3, b, approximate),
+                         input_signature=[spec])
         with graph_kind.never_saved() if never_saved else contextlib.nullcontext():
             y = fn(tf.cast(x, tf.bfloat16))
         assert y.dtype == tf.bfloat16
@@ -443,13 +446,15 @@ def test_under_xla_the_block_keeps_the_forms_xla_fuses():
         return block(x, training=False)
 
     for jit in (False, True):
-        graph = tf.function(forward, jit_compile=jit).get_concrete_function(tf.TensorSpec((None, 5, 16))).graph
+        traced = tf.function(forward, jit_compile=jit)
+        graph = traced.get_concrete_function(tf.TensorSpec((None, 5, 16))).graph
         kinds = {op.type: op for op in graph.get_operations()}
         assert seen["xla"] is jit
         assert kinds["Softmax"].get_attr("T").name == ("float32" if jit else "bfloat16")
         assert ("FusedBatchNormV3" in kinds) is (not jit and graph_kind.onednn_on_cpu())
     x = np.random.RandomState(0).normal(size=(2, 5, 16)).astype("float32")
-    outputs = [np.asarray(tf.cast(tf.function(forward, jit_compile=jit)(x), "float32")) for jit in (True, False)]
+    outputs = [np.asarray(tf.cast(tf.function(forward, jit_compile=jit)(x), "float32"))
+               for jit in (True, False)]
     np.testing.assert_allclose(*outputs, atol=0.05)
 
 

@@ -189,7 +189,8 @@ def test_create_model_from_json_file_and_dict(tmp_path):
     path.write_text(cfg.to_json())
     assert keras_vit.create_model(str(path)).config == cfg
     assert keras_vit.create_model(json.loads(cfg.to_json())).config == cfg
-    assert keras_vit.create_model("ViT-Ti/16", num_classes=3, image_size=64, num_layers=1).config.num_layers == 1
+    overridden = keras_vit.create_model("ViT-Ti/16", num_classes=3, image_size=64, num_layers=1)
+    assert overridden.config.num_layers == 1
 
 
 def test_create_model_needs_something_to_build():

@@ -13,7 +13,6 @@ import os
 import subprocess
 import sys
 
-import numpy as np
 import pytest
 import tensorflow as tf
 
@@ -22,7 +21,8 @@ from planting import png, write_image_folder
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 COMPONENTS = ("ImageExampleGen", "StatisticsGen", "SchemaGen", "CurateSchema", "ExampleValidator",
-              "ValidationGate", "Dedup", "Trainer", "latest_blessed_model_resolver", "Evaluator", "ServingPusher")
+              "ValidationGate", "Dedup", "Trainer", "latest_blessed_model_resolver", "Evaluator",
+              "ServingPusher")
 SMALL = ["--train_steps=60", "--batch_size=32", "--warmup_steps=10", "--accuracy_threshold=0.2"]
 
 
@@ -65,8 +65,8 @@ def runs(fmnist, tmp_path_factory):
     base = tmp_path_factory.mktemp("pipeline")
     images = str(base / "images")
     planted = write_image_folder(images, train_x, train_y, test_x, test_y, fashion_mnist.CLASS_NAMES)
-    common = [f"--image_dir={images}", f"--pipeline_root={base / 'root'}", f"--serving_dir={base / 'serving'}",
-              "--model_name=fmnist"]
+    common = [f"--image_dir={images}", f"--pipeline_root={base / 'root'}",
+              f"--serving_dir={base / 'serving'}", "--model_name=fmnist"]
     first = run_pipeline(*common, *SMALL)
     second = run_pipeline(*common, *SMALL)
     worse = run_pipeline(*common, *[f for f in SMALL if "accuracy" not in f], "--learning_rate=0",
@@ -137,11 +137,13 @@ def test_pushed_model_loads_and_predicts(runs):
         "import sys, tensorflow as tf\n"
         "m = tf.saved_model.load(sys.argv[1])\n"
         "out = m.signatures['serving_default'](image_bytes=tf.constant([open(sys.argv[2], 'rb').read()]))\n"
-        "print(out['class_names'].numpy()[0].decode(), float(tf.reduce_sum(out['probabilities'])), sep='\\t')\n")
+        "print(out['class_names'].numpy()[0].decode(), float(tf.reduce_sum(out['probabilities'])),\n"
+        "      sep='\\t')\n")
     image = next(p for p in runs["planted"] if p.endswith(".png"))
     proc = subprocess.run([sys.executable, "-c", code, summary["serving_model_path"],
                            os.path.join(runs["base"], "images", image)],
-                          capture_output=True, text=True, timeout=300, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
+                          capture_output=True, text=True, timeout=300,
+                          env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
     assert proc.returncode == 0, proc.stderr[-3000:]
     name, total = proc.stdout.strip().split("\t")
     assert name in os.listdir(os.path.join(runs["base"], "images", "train"))  # folder names are the classes
@@ -179,12 +181,15 @@ def test_failed_thresholds_read_as_sentences():
     def failure(text):
         return text_format.Parse(text, validation_result_pb2.ValidationFailure())
 
-    change = failure('metric_key { name: "acc" is_diff: true } metric_value { double_value { value: -0.0045 } } '
-                     'metric_threshold { change_threshold { absolute { value: -1e-10 } direction: HIGHER_IS_BETTER } }')
+    change = failure('metric_key { name: "acc" is_diff: true } '
+                     'metric_value { double_value { value: -0.0045 } } '
+                     'metric_threshold { change_threshold { absolute { value: -1e-10 } '
+                     'direction: HIGHER_IS_BETTER } }')
     assert failure_sentence(change) == ("acc changed by -0.0045 against the latest blessed model; "
                                         "the absolute change must be at least -1e-10")
     value = failure('metric_key { name: "acc" } metric_value { double_value { value: 0.1 } } '
-                    'metric_threshold { value_threshold { lower_bound { value: 0.6 } upper_bound { value: 1 } } }')
+                    'metric_threshold { value_threshold { lower_bound { value: 0.6 } '
+                    'upper_bound { value: 1 } } }')
     assert failure_sentence(value) == "acc is 0.1000; it must be >= 0.6 and <= 1"
     assert failure_sentence(failure('metric_key { name: "acc" } message: "boom"')) == "acc: boom"
 
@@ -204,7 +209,8 @@ def test_anomalies_stop_the_run_before_training(fmnist, tmp_path):
         with tf.io.TFRecordWriter(str(tmp_path / f"{name}.tfrecord")) as w:
             for r in rows:
                 w.write(r)
-    _, proc = run_pipeline(f"--tfrecords=train={tmp_path / 'train.tfrecord'},eval={tmp_path / 'eval.tfrecord'}",
+    tfrecords = f"train={tmp_path / 'train.tfrecord'},eval={tmp_path / 'eval.tfrecord'}"
+    _, proc = run_pipeline(f"--tfrecords={tfrecords}",
                            "--class_names=even,odd", f"--pipeline_root={tmp_path / 'root'}",
                            f"--serving_dir={tmp_path / 'serving'}", "--train_steps=2", check=False)
     assert proc.returncode != 0
@@ -218,8 +224,9 @@ def test_anomalies_stop_the_run_before_training(fmnist, tmp_path):
 
 def test_kubeflow_v2_spec_compiles(tmp_path):
     out = tmp_path / "spec.json"
-    _, proc = run_pipeline("--runner=kubeflow_v2", f"--kubeflow_output={out}", "--dataset=fashion_mnist_local/mini",
-                           "--pipeline_root=gs://bucket/root", "--serving_dir=gs://bucket/serving", check=False)
+    _, proc = run_pipeline("--runner=kubeflow_v2", f"--kubeflow_output={out}",
+                           "--dataset=fashion_mnist_local/mini", "--pipeline_root=gs://bucket/root",
+                           "--serving_dir=gs://bucket/serving", check=False)
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert f"Wrote the Kubeflow V2 pipeline spec to {out}" in proc.stdout
     spec = json.loads(out.read_text())

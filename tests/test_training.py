@@ -40,7 +40,8 @@ def test_warmup_then_linear_or_cosine_decay():
 
 def test_epochs_are_whole_passes_of_full_batches(fake_fmnist, tmp_path):
     cfg = TrainConfig(model="ViT-Ti/16", model_overrides=TINY_OVERRIDES, data_dir=fake_fmnist, image_size=28,
-                      epochs=2, batch_size=40, precision="float32", output_dir=str(tmp_path / "run"), verbose=0)
+                      epochs=2, batch_size=40, precision="float32", output_dir=str(tmp_path / "run"),
+                      verbose=0)
     assert train(cfg)["steps"] == 2 * (96 // 40)
 
 
@@ -128,7 +129,8 @@ def test_tpu_strategy_is_built_from_the_flags(monkeypatch):
     monkeypatch.setattr(tf.config, "experimental_connect_to_cluster", lambda r: calls.append(("connect", r)))
     monkeypatch.setattr(tf.tpu.experimental, "initialize_tpu_system", lambda r: calls.append(("init", r)))
     monkeypatch.setattr(tf.distribute, "TPUStrategy", lambda r: ("TPUStrategy", r))
-    kind, resolver = make_strategy("tpu", tpu="grpc://10.0.0.2:8470", tpu_zone="us-central2-b", tpu_project="p")
+    kind, resolver = make_strategy("tpu", tpu="grpc://10.0.0.2:8470", tpu_zone="us-central2-b",
+                                   tpu_project="p")
     assert kind == "TPUStrategy"
     assert calls == [("resolver", {"tpu": "grpc://10.0.0.2:8470", "zone": "us-central2-b", "project": "p"}),
                      ("connect", resolver), ("init", resolver)]
@@ -193,9 +195,11 @@ def test_a_killed_run_resumes_from_its_last_checkpoint(fake_fmnist, tmp_path):
     assert not (out / "metrics.json").exists()
     saved_chunk = json.loads(meta.read_text())["epoch"]
     assert 2 <= saved_chunk < 30
-    rerun = subprocess.run(_train_command(out, 60, extra), env=env, capture_output=True, text=True, timeout=600)
+    rerun = subprocess.run(_train_command(out, 60, extra), env=env, capture_output=True, text=True,
+                           timeout=600)
     assert rerun.returncode == 0, rerun.stderr[-3000:]
-    assert f"Resuming from {out / 'backup'}: chunk {saved_chunk} of 30 (step {saved_chunk * 2} of 60)" in rerun.stdout
+    resumed = f"Resuming from {out / 'backup'}: chunk {saved_chunk} of 30 (step {saved_chunk * 2} of 60)"
+    assert resumed in rerun.stdout
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["steps"] == 60
     history = (out / "history.csv").read_text().splitlines()
@@ -247,7 +251,8 @@ def _run_two_workers(tmp_path, worker_source):
     procs = []
     for rank in range(2):
         tf_config = {"cluster": {"worker": workers}, "task": {"type": "worker", "index": rank}}
-        env = {**os.environ, "PYTHONPATH": ROOT, "TF_CONFIG": json.dumps(tf_config), "CUDA_VISIBLE_DEVICES": ""}
+        env = {**os.environ, "PYTHONPATH": ROOT, "TF_CONFIG": json.dumps(tf_config),
+               "CUDA_VISIBLE_DEVICES": ""}
         procs.append(subprocess.Popen([sys.executable, str(script), str(tmp_path / f"w{rank}.npz")], env=env,
                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
     outputs = [p.communicate(timeout=300)[0] for p in procs]
@@ -274,7 +279,8 @@ def test_multi_worker_mirrored_two_workers_end_with_identical_weights(tmp_path):
                    "keras_vit.training.distribute.patch_keras_multi_worker.")
 def test_upstream_keras_still_needs_the_multi_worker_fix(tmp_path):
     unpatched = WORKER.replace('strategy = make_strategy("multi_worker")',
-                               'import keras_vit.training.distribute as d\nd._patched = True  # skip the fix\n'
+                               'import keras_vit.training.distribute as d\n'
+                               'd._patched = True  # skip the fix\n'
                                'strategy = make_strategy("multi_worker")')
     _run_two_workers(tmp_path, unpatched)
 

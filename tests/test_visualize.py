@@ -111,7 +111,8 @@ def test_learned_similarity_is_the_cosine_of_the_weights():
     model = tiny()
     table = np.asarray(model.position_embedding.embedding)[0, 1:]  # class token dropped
     unit = table / np.linalg.norm(table, axis=1, keepdims=True)
-    np.testing.assert_allclose(vis.position_embedding_similarity(model).reshape(16, 16), unit @ unit.T, atol=1e-5)
+    similarity = vis.position_embedding_similarity(model).reshape(16, 16)
+    np.testing.assert_allclose(similarity, unit @ unit.T, atol=1e-5)
 
 
 @pytest.mark.parametrize("kind", ["none", "relative"])
@@ -241,7 +242,8 @@ def test_cli_draws_every_figure_of_a_trained_model(tmp_path):
     folder = tmp_path / "images" / "cats"
     folder.mkdir(parents=True)
     for i in range(2):
-        Image.fromarray(np.random.RandomState(i).randint(0, 255, (40, 50, 3), np.uint8)).save(folder / f"{i}.png")
+        pixels = np.random.RandomState(i).randint(0, 255, (40, 50, 3), np.uint8)
+        Image.fromarray(pixels).save(folder / f"{i}.png")
     out = tmp_path / "out"
     result = _cli("rollout", "posemb", "filters", "distance", f"--model={tmp_path / 'model.keras'}",
                   f"--images={tmp_path / 'images'},skimage:camera", f"--output_dir={out}")

@@ -60,7 +60,8 @@ def read_tensors(path: str) -> Dict[str, np.ndarray]:
 def implied_overrides(config: dict) -> dict:
     act = config.get("hidden_act", "gelu")
     if act not in _GELU_APPROXIMATE:
-        raise CheckpointError(f"hidden_act {act!r} is not supported (expected one of {list(_GELU_APPROXIMATE)})")
+        raise CheckpointError(f"hidden_act {act!r} is not supported "
+                              f"(expected one of {list(_GELU_APPROXIMATE)})")
     return {"gelu_approximate": _GELU_APPROXIMATE[act],
             "layer_norm_epsilon": float(config.get("layer_norm_eps", 1e-12))}
 
@@ -132,7 +133,8 @@ def canonicalise(config: dict, tensors: Dict[str, np.ndarray]) -> Dict[str, np.n
             b = t.pop(f"{src}.attention.attention.{name}.bias", np.zeros(hidden, w.dtype))  # qkv_bias=False
             out[f"{attn}/{name}/kernel"] = w.T.reshape(hidden, heads, head_dim)
             out[f"{attn}/{name}/bias"] = b.reshape(heads, head_dim)
-        out[f"{attn}/out/kernel"] = pop(f"{src}.attention.output.dense.weight").T.reshape(heads, head_dim, hidden)
+        out_kernel = pop(f"{src}.attention.output.dense.weight").T
+        out[f"{attn}/out/kernel"] = out_kernel.reshape(heads, head_dim, hidden)
         out[f"{attn}/out/bias"] = pop(f"{src}.attention.output.dense.bias")
         dense(f"{src}.intermediate.dense", f"{dst}/MlpBlock_3/Dense_0")
         dense(f"{src}.output.dense", f"{dst}/MlpBlock_3/Dense_1")
@@ -142,5 +144,6 @@ def canonicalise(config: dict, tensors: Dict[str, np.ndarray]) -> Dict[str, np.n
     if "classifier.weight" in t:
         dense("classifier", "head")
     if t:
-        raise CheckpointError(f"Hugging Face checkpoint has tensors keras_vit does not know: {sorted(t)[:10]}")
+        raise CheckpointError(
+            f"Hugging Face checkpoint has tensors keras_vit does not know: {sorted(t)[:10]}")
     return out

@@ -62,7 +62,8 @@ def open_checkpoint(path: str) -> CheckpointSource:
                                 huggingface.class_names(config))
     if path.endswith(".npz"):
         params, naming = npz.canonicalise(npz.read_npz(path))
-        return CheckpointSource(path, f"npz ({naming} naming)", params, npz.infer_config_fields(params, naming))
+        return CheckpointSource(path, f"npz ({naming} naming)", params,
+                                npz.infer_config_fields(params, naming))
     raise CheckpointError(
         f"{path}: unknown checkpoint format; expected an official .npz or a Hugging Face directory "
         "(for a Keras .keras file use keras.saving.load_model)")
@@ -109,7 +110,8 @@ def _model_tensors(model) -> List[Tuple[str, object, object]]:
         bnames = [f"{a}/{t}/bias" for t in ("query", "key", "value")]
         d, h, dh = c.hidden_size, c.num_heads, c.head_dim
         out.append((names, attn.qkv_kernel,
-                    lambda p, n=names: np.concatenate([_shaped(p, k, (d, h, dh)).reshape(d, -1) for k in n], 1)))
+                    lambda p, n=names: np.concatenate(
+                        [_shaped(p, k, (d, h, dh)).reshape(d, -1) for k in n], 1)))
         out.append((bnames, attn.qkv_bias,
                     lambda p, n=bnames: np.concatenate([_shaped(p, k, (h, dh)).reshape(-1) for k in n])))
         out.append((f"{a}/out/kernel", attn.out_kernel,

@@ -111,7 +111,8 @@ def infer_config_fields(params: Dict[str, np.ndarray], naming: str,
         patch_size=tuple(kernel.shape[:2]), hidden_size=int(kernel.shape[-1]),
         num_heads=int(q.shape[1]), mlp_dim=int(mlp.shape[1]), num_layers=num_layers,
         classifier="token" if "cls" in params else "gap",
-        representation_size=int(params["pre_logits/kernel"].shape[1]) if "pre_logits/kernel" in params else None,
+        representation_size=(int(params["pre_logits/kernel"].shape[1])
+                             if "pre_logits/kernel" in params else None),
         num_classes=int(params["head/kernel"].shape[1]) if "head/kernel" in params else 0,
         num_channels=None,
     )

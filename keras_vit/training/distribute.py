@@ -34,7 +34,8 @@ def patch_keras_multi_worker() -> bool:
         return True
     if keras.__version__ != _PATCHED_KERAS:
         logging.warning("keras %s is not %s: the multi-worker fix is not applied; if model.fit fails under "
-                        "MultiWorkerMirroredStrategy see keras-team/keras#20585", keras.__version__, _PATCHED_KERAS)
+                        "MultiWorkerMirroredStrategy see keras-team/keras#20585",
+                        keras.__version__, _PATCHED_KERAS)
         return False
     from keras.src import tree
     from keras.src.backend.tensorflow import trainer as tf_trainer

@@ -53,8 +53,10 @@ def set_precision(precision: str = "auto") -> str:
     """Sets the global Keras policy and says which it picked; returns the policy name."""
     policy = resolve_precision(precision)
     keras.mixed_precision.set_global_policy(policy)
-    why = "" if precision != "auto" else (
-        " (auto: bf16-capable hardware found)" if policy != "float32" else " (auto: no AMX/AVX512-BF16 or GPU)")
+    why = ""
+    if precision == "auto":
+        why = (" (auto: bf16-capable hardware found)" if policy != "float32"
+               else " (auto: no AMX/AVX512-BF16 or GPU)")
     logging.info("precision: %s%s", policy, why)
     print(f"precision: {policy}{why}", flush=True)
     return policy

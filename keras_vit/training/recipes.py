@@ -113,7 +113,8 @@ class SparseSigmoidCrossEntropy(keras.losses.Loss):
         return ops.sum(per_class, axis=-1)
 
     def get_config(self):
-        return {**super().get_config(), "num_classes": self.num_classes, "label_smoothing": self.label_smoothing}
+        return {**super().get_config(), "num_classes": self.num_classes,
+                "label_smoothing": self.label_smoothing}
 
 
 def make_optimizer(recipe: Recipe, total_steps: int, model: keras.Model,
@@ -162,7 +163,8 @@ class _SmoothedSparseCrossEntropy(keras.losses.Loss):
                                                      label_smoothing=self.label_smoothing)
 
     def get_config(self):
-        return {**super().get_config(), "num_classes": self.num_classes, "label_smoothing": self.label_smoothing}
+        return {**super().get_config(), "num_classes": self.num_classes,
+                "label_smoothing": self.label_smoothing}
 
 
 def metrics(num_classes: int):

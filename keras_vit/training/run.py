@@ -94,7 +94,8 @@ def train(cfg: TrainConfig, source=None, build_model=None) -> dict:
     eval_split = cfg.eval_split or ("test" if "test" in source.splits else "validation")
     accum = max(int(cfg.gradient_accumulation_steps), 1)
     if recipe.batch_size % accum:
-        raise ValueError(f"batch_size {recipe.batch_size} is not divisible by gradient_accumulation_steps {accum}")
+        raise ValueError(f"batch_size {recipe.batch_size} is not divisible by "
+                         f"gradient_accumulation_steps {accum}")
     micro_batch = recipe.batch_size // accum
     train_examples = source.num_examples(cfg.train_split)
     if cfg.steps:
@@ -148,9 +149,9 @@ def train(cfg: TrainConfig, source=None, build_model=None) -> dict:
                                  training=True, channels=channels, cache=cfg.cache, seed=cfg.seed,
                                  deterministic=cfg.deterministic, skip_bad_records=cfg.skip_bad_records,
                                  stats=stats, crop_area=(cfg.crop_area_min, 1.0))
-    eval_ds = data.make_dataset(source, eval_split, image_size=cfg.image_size, batch_size=max(micro_batch, 64),
-                                training=False, channels=channels, cache=cfg.cache,
-                                deterministic=cfg.deterministic)
+    eval_ds = data.make_dataset(source, eval_split, image_size=cfg.image_size,
+                                batch_size=max(micro_batch, 64), training=False, channels=channels,
+                                cache=cfg.cache, deterministic=cfg.deterministic)
     callbacks = [
         keras.callbacks.BackupAndRestore(paths["backup"], save_freq="epoch", delete_checkpoint=False),
         keras.callbacks.TensorBoard(paths["logs"], update_freq=max(chunk // 10, 1)),

@@ -1,11 +1,13 @@
 """The paper's figures from a trained model or a checkpoint: `python -m keras_vit.visualize`.
 
-    python -m keras_vit.visualize rollout  --model=runs/fmnist/model.keras --images=dataset:fashion_mnist_local:test
+    python -m keras_vit.visualize rollout  --model=runs/fmnist/model.keras \\
+        --images=dataset:fashion_mnist_local:test
     python -m keras_vit.visualize posemb   --model=ViT-B_16.npz
     python -m keras_vit.visualize filters  --model=ViT-B_16.npz --num_filters=28
     python -m keras_vit.visualize distance --model=ViT-B_16.npz --images=skimage:astronaut,skimage:chelsea
 
-Several commands may be given at once (`rollout posemb filters distance`). --model is a `.keras` file or a checkpoint (official `.npz` or a Hugging Face
+Several commands may be given at once (`rollout posemb filters distance`).
+--model is a `.keras` file or a checkpoint (official `.npz` or a Hugging Face
 directory). Each command writes a PNG and the numbers behind it (`.npy`) to
 --output_dir and prints where.
 """
@@ -22,7 +24,8 @@ NEED_IMAGES = ("rollout", "distance")
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("model", None, "A .keras file, an official .npz or a Hugging Face ViT directory.")
-flags.DEFINE_integer("image_size", None, "Resolution for a checkpoint (position embeddings are interpolated).")
+flags.DEFINE_integer("image_size", None,
+                     "Resolution for a checkpoint (position embeddings are interpolated).")
 flags.DEFINE_list("images", [], "Image files, folders, globs, skimage:<name> or dataset:<tfds name>:<split>.")
 flags.DEFINE_integer("max_images", 8, "Use at most this many images.")
 flags.DEFINE_integer("num_filters", 28, "Principal components to show for `filters`.")

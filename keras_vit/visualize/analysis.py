@@ -71,7 +71,8 @@ def rollout(attention: Sequence[np.ndarray]) -> np.ndarray:
     return result.astype("float32")
 
 
-def rollout_maps(attention: Sequence[np.ndarray], grid_size: Tuple[int, int], num_prefix_tokens: int) -> np.ndarray:
+def rollout_maps(attention: Sequence[np.ndarray], grid_size: Tuple[int, int],
+                 num_prefix_tokens: int) -> np.ndarray:
     """The rollout read as a map over the patch grid, `[N, gh, gw]`.
 
     With a class token the map is the class token's row; without one (`gap`
@@ -81,7 +82,8 @@ def rollout_maps(attention: Sequence[np.ndarray], grid_size: Tuple[int, int], nu
     r = rollout(attention)
     gh, gw = grid_size
     if r.shape[-1] != gh * gw + num_prefix_tokens:
-        raise ValueError(f"{r.shape[-1]} tokens do not fit a {gh}x{gw} grid with {num_prefix_tokens} prefix tokens")
+        raise ValueError(f"{r.shape[-1]} tokens do not fit a {gh}x{gw} grid "
+                         f"with {num_prefix_tokens} prefix tokens")
     rows = r[:, 0] if num_prefix_tokens else r.mean(axis=1)
     return rows[:, num_prefix_tokens:].reshape(-1, gh, gw)
 
@@ -168,8 +170,8 @@ def attention_distance(attention: Sequence[np.ndarray], grid_size: Tuple[int, in
     for weights in attention:
         w = np.asarray(weights, dtype="float64")
         if w.ndim != 4 or w.shape[-1] != n + num_prefix_tokens:
-            raise ValueError(f"attention must be [N, heads, {n + num_prefix_tokens}, {n + num_prefix_tokens}], "
-                             f"got {list(w.shape)}")
+            t = n + num_prefix_tokens
+            raise ValueError(f"attention must be [N, heads, {t}, {t}], got {list(w.shape)}")
         w = w[..., num_prefix_tokens:, num_prefix_tokens:]
         w = w / np.maximum(w.sum(axis=-1, keepdims=True), 1e-12)
         out.append((w * dist).sum(axis=-1).mean(axis=(0, 2)))  # [heads]
@@ -185,7 +187,8 @@ def mean_attention_distance(model, images, batch_size: int = 16) -> np.ndarray:
     cfg = _config(model)
     per_batch, sizes = [], []
     for attention in _batches(model, images, batch_size):
-        per_batch.append(attention_distance(attention, cfg.grid_size, cfg.total_stride, cfg.num_prefix_tokens))
+        per_batch.append(attention_distance(attention, cfg.grid_size, cfg.total_stride,
+                                            cfg.num_prefix_tokens))
         sizes.append(len(attention[0]))
     # Batches hold different numbers of images: weight each batch's mean by its size.
     return np.average(np.stack(per_batch), axis=0, weights=sizes).astype("float32")
