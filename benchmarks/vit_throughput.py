@@ -50,7 +50,7 @@ def main(argv):
     print(", ".join(f"{k}: {v / 1e9:.0f} GFLOP/s" for k, v in peak.items()))
     flop_factor = 2 if FLAGS.mode == "inference" else 6
     num_classes = 0 if FLAGS.mode == "inference" else 1000
-    header = (f"| model | precision | batch | jit | ours img/s | keras-hub img/s | ours / keras-hub "
+    header = ("| model | precision | batch | jit | ours img/s | keras-hub img/s | ours / keras-hub "
               "| ours % of peak |\n|---|---|---:|---|---:|---:|---:|---:|")
     rows, best = [], {}
     for name in FLAGS.models:

@@ -217,8 +217,8 @@ def Dedup(  # noqa: N802
     splits = artifact_utils.decode_split_names(examples.split_names)
     references = [s for s in splits if s != "train"]
     p = beam_pipeline
-    train_raw = p | "ReadTrain" >> beam.io.ReadFromTFRecord(split_pattern(examples, "train"),
-                                                              coder=beam.coders.BytesCoder())
+    train_raw = p | "ReadTrain" >> beam.io.ReadFromTFRecord(
+        split_pattern(examples, "train"), coder=beam.coders.BytesCoder())
     train = train_raw | "TrainRecords" >> beam.Map(_records_for_dedup, "")
     refs = ([p | f"Read[{s}]" >> beam.io.ReadFromTFRecord(split_pattern(examples, s),
                                                           coder=beam.coders.BytesCoder())

@@ -29,7 +29,7 @@ from typing import List, Optional
 # google-api-core warns on every import under Python 3.10, which TFX 1.16 needs.
 warnings.filterwarnings("ignore", message="You are using a non-supported Python version")
 
-from pipeline import ingest
+from pipeline import ingest  # noqa: E402
 
 DEFAULT_OVERRIDES = {"patch_size": 4, "hidden_size": 64, "mlp_dim": 128, "num_heads": 4, "num_layers": 4}
 COMPONENT_ORDER = ("ImageExampleGen", "StatisticsGen", "SchemaGen", "CurateSchema", "ExampleValidator",

@@ -90,8 +90,8 @@ def test_sigmoid_loss_is_summed_binary_cross_entropy():
     logits = np.random.RandomState(0).normal(size=(4, 3)).astype("float32")
     labels = np.array([0, 2, 1, 2])
     ours = float(SparseSigmoidCrossEntropy(3)(labels, logits))
-    ref = keras.losses.BinaryCrossentropy(from_logits=True, reduction="none")(np.eye(3)[labels][..., None],
-                                                                               logits[..., None])
+    binary = keras.losses.BinaryCrossentropy(from_logits=True, reduction="none")
+    ref = binary(np.eye(3)[labels][..., None], logits[..., None])
     assert ours == pytest.approx(float(np.mean(np.sum(ref, axis=-1))), rel=1e-5)
 
 

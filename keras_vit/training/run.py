@@ -87,7 +87,7 @@ def train(cfg: TrainConfig, source=None, build_model=None) -> dict:
     keras.utils.set_random_seed(cfg.seed)
     policy = precision.set_precision(cfg.precision)
     strategy = distribute.make_strategy(cfg.strategy, tpu=cfg.tpu, tpu_zone=cfg.tpu_zone,
-                                         tpu_project=cfg.tpu_project)
+                                        tpu_project=cfg.tpu_project)
     recipe = cfg.recipe_obj()
     if source is None:
         source = data.open_source(cfg.dataset, data_dir=cfg.data_dir, image_dir=cfg.image_dir)
