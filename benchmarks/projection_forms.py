@@ -40,8 +40,8 @@ def _forms(tokens, kernel, bias, residual, gelu):
     if gelu:  # tf.nn.gelu after the matmul, which grappler fuses into it
         calls = {"matmul": tf.function(lambda x: tf.nn.gelu(projection._as_matmul(x, kernel, bias, None),
                                                             approximate=True)),
-                 "conv": tf.function(lambda x: projection._xla_gelu_tanh(
-                     projection._as_pointwise_conv(x, kernel, bias, None)))}
+                 "conv": tf.function(lambda x: projection._xla_gelu(
+                     projection._as_pointwise_conv(x, kernel, bias, None), True))}
     else:
         calls = {"matmul": tf.function(lambda x: projection._as_matmul(x, kernel, bias, residual)),
                  "conv": tf.function(lambda x: projection._as_pointwise_conv(x, kernel, bias, residual))}

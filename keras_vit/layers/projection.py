@@ -69,24 +69,20 @@ def project_gelu(tokens, kernel, bias, approximate, training=None):
     # A dynamic number of rows takes this form too, with no tf.cond: in a cond's branch
     # grappler no longer fuses the GELU into the matmul, and its eight elementwise ops
     # then lose to this form at 197 rows too (3.0 against 1.8 ms for D = 768).
-    gelu = _xla_gelu_tanh if approximate else _xla_gelu_exact
     # Grappler infers no shape out of an XLA call (and merges a restating reshape
     # away); with the shape asserted, fc2's residual add still fuses into its convolution.
-    return tf.ensure_shape(gelu(_as_pointwise_conv(tokens, kernel, bias, None)), [rows, kernel.shape[1]])
+    return tf.ensure_shape(_xla_gelu(_as_pointwise_conv(tokens, kernel, bias, None), approximate),
+                           [rows, kernel.shape[1]])
 
 
 # In float32 inside the kernel, rounded to the input's dtype once. On bf16 input XLA
 # rounds after each of the GELU's ops, which left 23-27% of the tanh GELU's outputs
 # (3% of the erf GELU's) an ulp off the correctly rounded value, under 1% this way, at
 # the same speed (elementwise_rates: the kernel is bound by its tanh either way).
+# `approximate` is a Python bool, so each form is its own trace and kernel.
 @tf.function(jit_compile=True)
-def _xla_gelu_tanh(x):
-    return tf.cast(tf.nn.gelu(tf.cast(x, tf.float32), approximate=True), x.dtype)
-
-
-@tf.function(jit_compile=True)
-def _xla_gelu_exact(x):
-    return tf.cast(tf.nn.gelu(tf.cast(x, tf.float32), approximate=False), x.dtype)
+def _xla_gelu(x, approximate):
+    return tf.cast(tf.nn.gelu(tf.cast(x, tf.float32), approximate=approximate), x.dtype)
 
 
 def _bf16_onednn_inference(tokens, training):
