@@ -211,7 +211,7 @@ def make_dataset(
     """Batches of `(images float32 [B, h, w, channels] in [-1, 1], labels int32 [B])`.
 
     Training: shuffled and repeated forever, Inception crop and flip, full batches.
-    Evaluation: one pass in order, resize only, the last batch may be short.
+    Evaluation: one pass in order, of known length, resize only, the last batch may be short.
 
     A record that is not an image, or whose label is out of range, raises
     InvalidArgumentError naming the record; with `skip_bad_records` it is dropped and
@@ -236,6 +236,11 @@ def make_dataset(
         ds = ds.filter(valid)
     if training:
         ds = ds.shuffle(shuffle_buffer, seed=seed, reshuffle_each_iteration=True).repeat()
+    elif not skip_bad_records and ds.cardinality() == tf.data.UNKNOWN_CARDINALITY:
+        # A TFRecord read has no known length, and Keras then ends every evaluate and
+        # predict over it with "Your input ran out of data; interrupting training".
+        # The count is known (and checked: a wrong one fails the pass).
+        ds = ds.apply(tf.data.experimental.assert_cardinality(source.num_examples(split)))
 
     def prepare(index, ex):
         record = tf.strings.join([f"{source.name} {split} record ", tf.strings.as_string(ex[source.id_key])])

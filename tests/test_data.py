@@ -3,7 +3,9 @@
 import fcntl
 import os
 import threading
+import warnings
 
+import keras
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -150,6 +152,38 @@ def test_bad_image_is_named_or_skipped_and_counted(tmp_path):
                            skip_bad_records=True, stats=stats)
     assert sum(int(b[1].shape[0]) for b in ds) == 12
     assert stats.skipped_count == 1
+
+
+def write_examples(path, n):
+    with tf.io.TFRecordWriter(path, options="GZIP") as w:
+        for i in range(n):
+            png = tf.io.encode_png(np.full([8, 8, 3], i * 20, np.uint8)).numpy()
+            w.write(tf.train.Example(features=tf.train.Features(feature={
+                "image": tf.train.Feature(bytes_list=tf.train.BytesList(value=[png])),
+                "label": tf.train.Feature(int64_list=tf.train.Int64List(value=[i % 2])),
+                "source_id": tf.train.Feature(bytes_list=tf.train.BytesList(value=[b"r%d" % i])),
+            })).SerializeToString())
+    return path
+
+
+def test_tfrecord_eval_passes_end_without_keras_out_of_data_warning(tmp_path):
+    # A TFRecord read has no known length; Keras then ends each evaluate and predict
+    # with "Your input ran out of data; interrupting training", which reads as a bug.
+    path = write_examples(str(tmp_path / "eval.tfrecord.gz"), 10)
+    source = data.TFRecordSource("records", {"eval": [path]}, ["a", "b"])
+    ds = data.make_dataset(source, "eval", image_size=8, batch_size=4, training=False)
+    assert int(ds.cardinality()) == 3
+    model = keras.Sequential([keras.Input((8, 8, 3)), keras.layers.Flatten(), keras.layers.Dense(2)])
+    model.compile(loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model.evaluate(ds, verbose=0)
+        assert model.predict(ds, verbose=0).shape == (10, 2)
+    assert not [w for w in caught if "ran out of data" in str(w.message)]
+    # The length is asserted, not assumed: a wrong count fails the pass.
+    wrong = data.TFRecordSource("records", {"eval": [path]}, ["a", "b"], counts={"eval": 11})
+    with pytest.raises(tf.errors.FailedPreconditionError, match="expected to contain 11 elements"):
+        list(data.make_dataset(wrong, "eval", image_size=8, batch_size=4, training=False))
 
 
 class _BadLabelSource(data.Source):
