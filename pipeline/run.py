@@ -89,18 +89,41 @@ class _Progress(logging.Handler):
             print(f"    (cached: execution {args[0]})", file=sys.stderr, flush=True)
 
 
+_PREDICATE_WARNING = "ArtifactQuery.property_predicate is not supported."
+
+
+def _drop_predicate_warning(record) -> bool:
+    return record.msg != _PREDICATE_WARNING
+
+
+def uses_property_predicates(ir) -> bool:
+    """Whether any input channel of a compiled pipeline (`pipeline_pb2.Pipeline`) filters by property."""
+    return any(channel.artifact_query.HasField("property_predicate")
+               for node in ir.nodes for spec in node.pipeline_node.inputs.inputs.values()
+               for channel in spec.channels)
+
+
 def _run_local(pipeline) -> None:
     from tfx import v1 as tfx
+    from tfx.dsl.compiler import compiler
 
     logger = logging.getLogger("absl")
     handler = _Progress(len(pipeline.components))
     _quiet_absl()
     logger.setLevel(logging.INFO)  # INFO reaches the progress handler, not the console
     logger.addHandler(handler)
+    # TFX 1.16's channel resolver tests the `property_predicate` message for truth, which
+    # a protobuf message always has, so it warns for every input of every component.
+    # Only a pipeline that sets one is told it is ignored.
+    quiet = not uses_property_predicates(compiler.Compiler().compile(pipeline))
+    if quiet:
+        logger.addFilter(_drop_predicate_warning)
     try:
         tfx.orchestration.LocalDagRunner().run(pipeline)
     finally:
         logger.removeHandler(handler)
+        if quiet:
+            logger.removeFilter(_drop_predicate_warning)
 
 
 def _quiet_absl():

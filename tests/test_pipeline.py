@@ -85,6 +85,8 @@ def test_first_run_executes_every_component_and_pushes(runs):
     assert summary["pipeline_root"] == str(runs["base"] / "root")
     for name in ("ImageExampleGen", "Dedup", "Trainer", "Evaluator", "ServingPusher"):
         assert f"] {name} done in" in proc.stderr  # progress per component
+    assert "property_predicate is not supported" not in proc.stderr  # TFX's false alarm, dropped
+    assert "ran out of data" not in proc.stderr  # Keras's, on the Trainer's eval pass over TFRecords
     assert os.path.exists(runs["base"] / "serving" / "models.config")
 
 
@@ -192,6 +194,28 @@ def test_failed_thresholds_read_as_sentences():
                     'upper_bound { value: 1 } } }')
     assert failure_sentence(value) == "acc is 0.1000; it must be >= 0.6 and <= 1"
     assert failure_sentence(failure('metric_key { name: "acc" } message: "boom"')) == "acc: boom"
+
+
+def test_tfx_false_property_predicate_warning_is_dropped_only_when_false():
+    """TFX 1.16 warns "ArtifactQuery.property_predicate is not supported." for every input
+    (it tests a protobuf message for truth); the runner drops it unless a channel sets one."""
+    from tfx.dsl.compiler import compiler
+
+    from pipeline import definition, ingest
+    from pipeline.run import beam_args, uses_property_predicates
+
+    pipeline = definition.create_pipeline(
+        pipeline_name="p", pipeline_root="/nonexistent/root",
+        source=ingest.SourceSpec(tfrecords={"train": "/x/*"}),
+        input_fingerprint="0", train_config={}, train_steps=1, serving_dir="/nonexistent/serving",
+        model_name="m", dedup_threshold=0.9, accuracy_threshold=0.5, metadata_path=None,
+        beam_pipeline_args=beam_args(1))
+    ir = compiler.Compiler().compile(pipeline)
+    assert not uses_property_predicates(ir)
+    inputs = next(node.pipeline_node.inputs.inputs for node in ir.nodes
+                  if node.pipeline_node.node_info.id == "Trainer")
+    inputs["examples"].channels[0].artifact_query.property_predicate.value_comparator.property_name = "span"
+    assert uses_property_predicates(ir)
 
 
 def _example(image, label):
