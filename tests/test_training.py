@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -158,6 +159,8 @@ def test_train_end_to_end_learns_and_writes_its_outputs(fake_fmnist, tmp_path):
                       crop_area_min=0.9, checkpoint_every=10, eval_every=0)
     summary = train(cfg)
     assert summary["steps"] == 30 and summary["eval_split"] == "test"
+    assert summary["model"] == "ViT-Ti/16" and summary["model_overrides"] == TINY_OVERRIDES
+    assert summary["params"] == keras.saving.load_model(summary["paths"]["model"]).count_params()
     rows = [line.split(",") for line in open(summary["paths"]["history"]).read().splitlines()]
     val = rows[0].index("val_top1")
     assert [r[val] not in ("", "NA") for r in rows[1:]] == [False, False, True]  # validated once, at the end
@@ -200,6 +203,8 @@ def test_a_killed_run_resumes_from_its_last_checkpoint(fake_fmnist, tmp_path):
     assert rerun.returncode == 0, rerun.stderr[-3000:]
     resumed = f"Resuming from {out / 'backup'}: chunk {saved_chunk} of 30 (step {saved_chunk * 2} of 60)"
     assert resumed in rerun.stdout
+    changed = "".join(f", {k}={v}" for k, v in TINY_OVERRIDES.items())
+    assert re.search(rf"Training ViT-Ti/16 \([\d,]+ params{re.escape(changed)}, float32\)", rerun.stdout)
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["steps"] == 60
     history = (out / "history.csv").read_text().splitlines()

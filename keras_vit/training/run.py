@@ -145,6 +145,8 @@ def train(cfg: TrainConfig, source=None, build_model=None) -> dict:
                               gradient_accumulation_steps=accum if accum > 1 else None)
     channels = int(model.inputs[0].shape[-1])
     model_name = model.config.name if hasattr(model, "config") else model.name
+    # The registry name alone would call a 141k-parameter variant "ViT-Ti/16".
+    changed = "".join(f", {k}={v}" for k, v in cfg.model_overrides.items())
     train_ds = data.make_dataset(source, cfg.train_split, image_size=cfg.image_size, batch_size=micro_batch,
                                  training=True, channels=channels, cache=cfg.cache, seed=cfg.seed,
                                  deterministic=cfg.deterministic, skip_bad_records=cfg.skip_bad_records,
@@ -158,7 +160,7 @@ def train(cfg: TrainConfig, source=None, build_model=None) -> dict:
         keras.callbacks.CSVLogger(paths["history"], append=True),
         keras.callbacks.TerminateOnNaN(),
     ]
-    print(f"Training {model_name} ({model.count_params():,} params, {policy}) on {source.name} "
+    print(f"Training {model_name} ({model.count_params():,} params{changed}, {policy}) on {source.name} "
           f"{cfg.train_split}: {total_updates} steps of batch {recipe.batch_size}"
           + (f" ({accum} x {micro_batch})" if accum > 1 else "")
           + f", {num_chunks} chunks of {chunk}, {strategy.num_replicas_in_sync} replica(s)", flush=True)
@@ -175,7 +177,8 @@ def train(cfg: TrainConfig, source=None, build_model=None) -> dict:
     else:  # nothing left to train (a finished run started again): evaluate what was saved
         results = {k: float(v) for k, v in model.evaluate(eval_ds, return_dict=True, verbose=0).items()}
     model.save(paths["model"])
-    summary = {"model": model_name, "dataset": source.name, "eval_split": eval_split,
+    summary = {"model": model_name, "model_overrides": dict(cfg.model_overrides),
+               "params": model.count_params(), "dataset": source.name, "eval_split": eval_split,
                "steps": total_updates, "batch_size": recipe.batch_size, "precision": policy,
                "train_seconds": round(seconds, 1), "skipped_records": stats.skipped_count,
                **{f"eval_{k}": v for k, v in results.items()}, "paths": paths}
