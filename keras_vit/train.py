@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 
 from absl import app, flags
 
@@ -85,7 +86,9 @@ def main(argv):
         jit_compile=FLAGS.jit_compile, gradient_accumulation_steps=FLAGS.grad_accum,
         checkpoint_every=FLAGS.checkpoint_every, output_dir=FLAGS.output_dir, seed=FLAGS.seed,
         cache=FLAGS.cache, deterministic=FLAGS.deterministic, skip_bad_records=FLAGS.skip_bad_records,
-        crop_area_min=FLAGS.crop_area_min, eval_every=FLAGS.eval_every)
+        crop_area_min=FLAGS.crop_area_min, eval_every=FLAGS.eval_every,
+        # A progress bar redraws itself with escape codes: a log file gets one line per chunk.
+        verbose=1 if sys.stdout.isatty() else 2)
     summary = train(cfg)
     model = summary.pop("model_obj")
     paths = summary["paths"]

@@ -204,6 +204,7 @@ def test_a_killed_run_resumes_from_its_last_checkpoint(fake_fmnist, tmp_path):
     resumed = f"Resuming from {out / 'backup'}: chunk {saved_chunk} of 30 (step {saved_chunk * 2} of 60)"
     assert resumed in rerun.stdout
     changed = "".join(f", {k}={v}" for k, v in TINY_OVERRIDES.items())
+    assert "\x1b[" not in rerun.stdout  # not a terminal: no progress bar's escape codes
     assert re.search(rf"Training ViT-Ti/16 \([\d,]+ params{re.escape(changed)}, float32\)", rerun.stdout)
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["steps"] == 60
