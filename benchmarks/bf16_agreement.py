@@ -41,7 +41,7 @@ def main(argv):
     from keras_vit import data
     from keras_vit.training.precision import cpu_flags, has_fast_bf16_cpu, top1_agreement, with_policy
 
-    data.quiet_tfds_logs()
+    data.quiet_info_logs()
     model = keras.saving.load_model(FLAGS.model)
     twin = with_policy(model, FLAGS.policy)
     cfg = model.config

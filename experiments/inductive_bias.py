@@ -92,9 +92,9 @@ def main(argv):
     for kind in FLAGS.models:
         if kind not in ("resnet", "vit", "hybrid"):
             raise app.UsageError(f"--models takes resnet, vit and hybrid, got {kind!r}")
-    from keras_vit.data import quiet_tfds_logs
+    from keras_vit.data import quiet_info_logs
 
-    quiet_tfds_logs()
+    quiet_info_logs()
     sizes = [int(s) for s in FLAGS.train_sizes]
     seeds = [int(s) for s in FLAGS.seeds]
     total = len(FLAGS.models) * len(sizes) * len(seeds)

@@ -59,9 +59,9 @@ def _similarity_figure(run_dir, output_dir, kind):
 
 def main(argv):
     del argv
-    from keras_vit.data import quiet_tfds_logs
+    from keras_vit.data import quiet_info_logs
 
-    quiet_tfds_logs()
+    quiet_info_logs()
     seeds = [int(s) for s in FLAGS.seeds]
     total = len(FLAGS.kinds) * len(seeds)
     results, done, start = {}, 0, time.time()

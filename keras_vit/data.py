@@ -117,10 +117,11 @@ class TFRecordSource:
                            deterministic=not shuffle_files)
 
 
-def quiet_tfds_logs() -> None:
+def quiet_info_logs() -> None:
     """Raises absl's level to WARNING unless `--verbosity` was given.
 
-    TFDS logs every file it opens at INFO, which buries a command's own progress.
+    TFDS logs every file it opens at INFO, and TensorFlow each step of writing a
+    SavedModel, which buries a command's own progress.
     """
     from absl import flags, logging
 

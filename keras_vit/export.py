@@ -245,8 +245,11 @@ def write_models_config(serving_root: str, base_path_prefix: Optional[str] = Non
 def main(argv):
     from absl import flags
 
+    from keras_vit.data import quiet_info_logs
+
     FLAGS = flags.FLAGS
     del argv
+    quiet_info_logs()
     model = keras.saving.load_model(FLAGS.model)
     if FLAGS.precision is not None:
         policy = precision.resolve_precision(FLAGS.precision)

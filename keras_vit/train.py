@@ -69,10 +69,10 @@ def define_flags():
 
 def main(argv):
     del argv
-    from keras_vit.data import quiet_tfds_logs
+    from keras_vit.data import quiet_info_logs
     from keras_vit.training import TrainConfig, train
 
-    quiet_tfds_logs()
+    quiet_info_logs()
 
     cfg = TrainConfig(
         model=FLAGS.model, model_overrides=json.loads(FLAGS.model_overrides), dataset=FLAGS.dataset,

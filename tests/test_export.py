@@ -393,6 +393,8 @@ def test_command_line_export_says_where_it_wrote(exported, tmp_path):
     assert f"Wrote SavedModel to {tmp_path / 'serving' / 'tiny' / '1'}" in run.stdout
     assert (tmp_path / "serving" / "models.config").exists()
     assert "policy float32, weights stored as float32" in run.stderr
+    # TensorFlow's INFO lines on writing a SavedModel are not shown by default.
+    assert "Assets written to" not in run.stderr and "fingerprint" not in run.stderr
     sig = tf.saved_model.load(str(tmp_path / "serving" / "tiny" / "1")).signatures["serving_default"]
     out = sig(image_bytes=tf.constant(sample_images()[:1]))
     assert out["class_names"].numpy()[0].decode() in CLASSES

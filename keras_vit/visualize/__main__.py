@@ -88,9 +88,9 @@ def main(argv):
     commands = argv[1:]
     _check_usage(commands)  # before the imports below, which load TensorFlow
     from keras_vit import visualize as vis
-    from keras_vit.data import quiet_tfds_logs
+    from keras_vit.data import quiet_info_logs
 
-    quiet_tfds_logs()
+    quiet_info_logs()
     model = load_model(FLAGS.model, FLAGS.image_size)
     cfg = model.config
     print(f"Model {cfg.name}: {cfg.num_layers} blocks x {cfg.num_heads} heads, grid {cfg.grid_size[0]}x"
