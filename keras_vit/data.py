@@ -127,6 +127,21 @@ def quiet_info_logs() -> None:
 
     if not flags.FLAGS["verbosity"].present:
         logging.set_verbosity(logging.WARNING)
+    tf_logs_through_absl_only()
+
+
+def tf_logs_through_absl_only() -> None:
+    """Prints each TensorFlow log record once, through absl's handler, in an absl app.
+
+    TensorFlow gives its logger a handler of its own when it is imported before absl
+    puts one on the root logger, and each record then went to both.
+    """
+    import logging
+
+    tf_logger = logging.getLogger("tensorflow")
+    for handler in list(tf_logger.handlers):
+        if type(handler) is logging.StreamHandler:
+            tf_logger.removeHandler(handler)
 
 
 def prepare(builder) -> None:

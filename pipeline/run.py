@@ -107,9 +107,12 @@ def _run_local(pipeline) -> None:
     from tfx import v1 as tfx
     from tfx.dsl.compiler import compiler
 
+    from keras_vit.data import tf_logs_through_absl_only
+
     logger = logging.getLogger("absl")
     handler = _Progress(len(pipeline.components))
     _quiet_absl()
+    tf_logs_through_absl_only()
     logger.setLevel(logging.INFO)  # INFO reaches the progress handler, not the console
     logger.addHandler(handler)
     # TFX 1.16's channel resolver tests the `property_predicate` message for truth, which

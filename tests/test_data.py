@@ -2,6 +2,9 @@
 
 import fcntl
 import os
+import subprocess
+import sys
+import textwrap
 import threading
 import warnings
 
@@ -14,6 +17,8 @@ from conftest import write_idx
 from PIL import Image
 
 from keras_vit import data, fashion_mnist, preprocessing
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def test_idx_reader_round_trips_and_rejects_bad_files(tmp_path):
@@ -152,6 +157,30 @@ def test_bad_image_is_named_or_skipped_and_counted(tmp_path):
                            skip_bad_records=True, stats=stats)
     assert sum(int(b[1].shape[0]) for b in ds) == 12
     assert stats.skipped_count == 1
+
+
+def test_command_line_logging_prints_tensorflow_records_once_and_hides_info():
+    # What each keras_vit command runs first; TensorFlow loads before absl's handler exists.
+    script = textwrap.dedent("""
+        import tensorflow as tf
+        from absl import app
+
+        def main(argv):
+            from keras_vit.data import quiet_info_logs
+            quiet_info_logs()
+            tf.get_logger().warning("a tensorflow warning")
+            tf.get_logger().info("a tensorflow info")
+
+        app.run(main)
+    """)
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    quiet = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True)
+    assert quiet.returncode == 0, quiet.stderr[-2000:]
+    assert quiet.stderr.count("a tensorflow warning") == 1 and "a tensorflow info" not in quiet.stderr
+    verbose = subprocess.run([sys.executable, "-c", script, "--verbosity=0"], env=env, capture_output=True,
+                             text=True)
+    assert verbose.stderr.count("a tensorflow warning") == 1
+    assert verbose.stderr.count("a tensorflow info") == 1
 
 
 def write_examples(path, n):

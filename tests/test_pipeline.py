@@ -87,6 +87,7 @@ def test_first_run_executes_every_component_and_pushes(runs):
         assert f"] {name} done in" in proc.stderr  # progress per component
     assert "property_predicate is not supported" not in proc.stderr  # TFX's false alarm, dropped
     assert "ran out of data" not in proc.stderr  # Keras's, on the Trainer's eval pass over TFRecords
+    assert proc.stderr.count("is deprecated and will be removed") <= 1  # TFMA's, once, not twice
     assert os.path.exists(runs["base"] / "serving" / "models.config")
 
 
