@@ -29,7 +29,9 @@ def extract_features(model, dataset) -> Tuple[np.ndarray, np.ndarray]:
     extractor = model.feature_extractor() if hasattr(model, "feature_extractor") else model
     feats, labels = [], []
     for images, y in dataset:
-        feats.append(np.asarray(extractor(images, training=False), dtype=np.float64))
+        # predict_on_batch runs a traced graph; a plain call ran op by op, 3.6x slower for
+        # ViT-Ti/16 at batch 32.
+        feats.append(np.asarray(extractor.predict_on_batch(images), dtype=np.float64))
         labels.append(np.asarray(y).reshape(-1))
     return np.concatenate(feats), np.concatenate(labels)
 

@@ -1,5 +1,6 @@
 """Top-k, the few-shot ridge classifier and the linear probe."""
 
+import keras
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -55,6 +56,20 @@ def test_features_are_the_frozen_pre_logits():
     assert feats.shape == (40, 8)
     np.testing.assert_array_equal(labels, y)
     np.testing.assert_allclose(feats, model.forward(x)["pre_logits"], atol=1e-5)
+
+
+def test_features_come_from_a_traced_graph_not_op_by_op():
+    eager = []
+
+    def record(t):
+        eager.append(tf.executing_eagerly())
+        return t
+
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Lambda(record), keras.layers.Dense(3)])
+    eager.clear()  # building the model called the layer symbolically
+    x = np.zeros((10, 4), "float32")
+    feats, _ = evaluation.extract_features(model, tf.data.Dataset.from_tensor_slices((x, x[:, 0])).batch(4))
+    assert feats.shape == (10, 3) and eager and not any(eager)
 
 
 def test_linear_probe_separates_what_is_separable_and_not_noise():
