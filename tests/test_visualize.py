@@ -6,6 +6,7 @@ import sys
 
 import numpy as np
 import pytest
+import tensorflow as tf
 
 import keras_vit
 from keras_vit import visualize as vis
@@ -40,6 +41,22 @@ def test_rollout_rows_sum_to_one_on_a_model():
     r = vis.rollout(attention)
     assert r.shape == (3, 17, 17) and r.min() >= 0
     np.testing.assert_allclose(r.sum(axis=-1), 1.0, atol=1e-5)
+
+
+def test_attention_weights_are_the_forward_pass_s_computed_in_a_traced_graph(monkeypatch):
+    model, x = tiny(), images(n=5)
+    expected = model.forward(x, training=False, return_attention=True)["attention"]
+    eager, forward = [], model.forward
+
+    def recording_forward(*args, **kwargs):
+        eager.append(tf.executing_eagerly())
+        return forward(*args, **kwargs)
+
+    monkeypatch.setattr(model, "forward", recording_forward)
+    attention = vis.attention_weights(model, x, batch_size=2)
+    assert eager == [False, False]  # one trace per batch shape (2, then the last 1), not op by op
+    for got, want in zip(attention, expected):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)  # graph vs eager rounding
 
 
 def test_rollout_of_uniform_attention_is_analytic():

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import List, Sequence, Tuple
 
 import numpy as np
+import tensorflow as tf
 
 
 def _config(model):
@@ -33,9 +34,10 @@ def _batches(model, images, batch_size):
     """Yields each batch's per-block attention, so only one batch of maps is held at a time."""
     cfg = _config(model)
     images = _check_images(cfg, images)
+    # Traced once (again for a shorter last batch): op by op, ViT-B/16 took 1.9x as long.
+    attention = tf.function(lambda x: model.forward(x, training=False, return_attention=True)["attention"])
     for start in range(0, len(images), batch_size):
-        out = model.forward(images[start:start + batch_size], training=False, return_attention=True)
-        yield [np.asarray(w, dtype="float32") for w in out["attention"]]
+        yield [np.asarray(w, dtype="float32") for w in attention(images[start:start + batch_size])]
 
 
 def attention_weights(model, images, batch_size: int = 16) -> List[np.ndarray]:
