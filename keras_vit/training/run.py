@@ -145,8 +145,6 @@ def train(cfg: TrainConfig, source=None, build_model=None) -> dict:
                               gradient_accumulation_steps=accum if accum > 1 else None)
     channels = int(model.inputs[0].shape[-1])
     model_name = model.config.name if hasattr(model, "config") else model.name
-    # The registry name alone would call a 141k-parameter variant "ViT-Ti/16".
-    changed = "".join(f", {k}={v}" for k, v in cfg.model_overrides.items())
     train_ds = data.make_dataset(source, cfg.train_split, image_size=cfg.image_size, batch_size=micro_batch,
                                  training=True, channels=channels, cache=cfg.cache, seed=cfg.seed,
                                  deterministic=cfg.deterministic, skip_bad_records=cfg.skip_bad_records,
@@ -160,6 +158,8 @@ def train(cfg: TrainConfig, source=None, build_model=None) -> dict:
         keras.callbacks.CSVLogger(paths["history"], append=True),
         keras.callbacks.TerminateOnNaN(),
     ]
+    # The registry name alone would call a 141k-parameter variant "ViT-Ti/16".
+    changed = "".join(f", {k}={v}" for k, v in cfg.model_overrides.items())
     print(f"Training {model_name} ({model.count_params():,} params{changed}, {policy}) on {source.name} "
           f"{cfg.train_split}: {total_updates} steps of batch {recipe.batch_size}"
           + (f" ({accum} x {micro_batch})" if accum > 1 else "")
