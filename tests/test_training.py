@@ -16,7 +16,7 @@ import pytest
 import tensorflow as tf
 
 import keras_vit
-from keras_vit import ViTConfig
+from keras_vit import ViTConfig, data
 from keras_vit.training import (TrainConfig, WarmupDecay, compile_model, get_recipe, make_strategy,
                                 resolve_precision, train)
 from keras_vit.training.precision import top1_agreement, with_policy
@@ -171,6 +171,47 @@ def test_train_end_to_end_learns_and_writes_its_outputs(fake_fmnist, tmp_path):
     assert os.listdir(summary["paths"]["logs"])
     loaded = keras.saving.load_model(summary["paths"]["model"])
     assert loaded.config.num_classes == 10
+
+
+def _small_run(output_dir, **changes):
+    fields = dict(model="ViT-Ti/16", model_overrides=TINY_OVERRIDES, image_size=28, steps=4, batch_size=8,
+                  warmup_steps=1, precision="float32", output_dir=str(output_dir), verbose=0,
+                  checkpoint_every=2)
+    fields.update(changes)
+    return TrainConfig(**fields)
+
+
+def test_a_run_whose_loss_turns_nan_fails_and_saves_nothing(fake_fmnist, tmp_path):
+    def build(num_classes, image_size):
+        return keras.Sequential([keras.Input((image_size, image_size, 1)), keras.layers.Flatten(),
+                                 keras.layers.Dense(num_classes), keras.layers.Lambda(lambda t: t * np.nan)])
+
+    with pytest.raises(FloatingPointError, match=r"NaN or infinite in chunk 1 of 2; nothing was saved"):
+        train(_small_run(tmp_path / "run", data_dir=fake_fmnist), build_model=build)
+    assert not (tmp_path / "run" / "model.keras").exists()
+
+
+def test_a_run_with_no_usable_training_data_fails(tmp_path):
+    from PIL import Image
+
+    for split in ("train", "test"):
+        for label in ("a", "b"):
+            folder = tmp_path / "images" / split / label
+            folder.mkdir(parents=True)
+            if split == "train":
+                (folder / "broken.jpg").write_bytes(b"not a jpeg")
+            else:
+                Image.new("RGB", (28, 28)).save(folder / "ok.jpg")
+    cfg = _small_run(tmp_path / "run", dataset=None, image_dir=str(tmp_path / "images"),
+                     skip_bad_records=True)
+    with pytest.raises(RuntimeError, match=r"gave no training batch \(every record was skipped as bad\)"):
+        train(cfg)
+    assert not (tmp_path / "run" / "model.keras").exists()
+    empty = str(tmp_path / "empty.tfrecord.gz")
+    tf.io.TFRecordWriter(empty, options="GZIP").close()
+    source = data.TFRecordSource("records", {"train": [empty], "test": [empty]}, ["a", "b"])
+    with pytest.raises(ValueError, match="records train has no records to train on"):
+        train(_small_run(tmp_path / "run2"), source=source)
 
 
 def _train_command(output_dir, steps, extra=()):

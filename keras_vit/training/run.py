@@ -98,6 +98,8 @@ def train(cfg: TrainConfig, source=None, build_model=None) -> dict:
                          f"gradient_accumulation_steps {accum}")
     micro_batch = recipe.batch_size // accum
     train_examples = source.num_examples(cfg.train_split)
+    if not train_examples:
+        raise ValueError(f"{source.name} {cfg.train_split} has no records to train on")
     if cfg.steps:
         total_updates = int(cfg.steps)
     elif cfg.epochs:
@@ -172,6 +174,17 @@ def train(cfg: TrainConfig, source=None, build_model=None) -> dict:
                         validation_freq=validation_freq, callbacks=callbacks, verbose=cfg.verbose)
     seconds = time.time() - start
     logs = history.history
+    # Keras ends fit with no error when TerminateOnNaN fires or the data runs out (then
+    # a chunk logs no training loss); neither model is worth evaluating or saving.
+    if model.stop_training:
+        raise FloatingPointError(
+            f"the loss became NaN or infinite in chunk {history.epoch[-1] + 1} of {num_chunks}; nothing "
+            f"was saved. The checkpoint in {paths['backup']} holds that state, so start again with "
+            "another output_dir (with a lower learning rate, more warmup or float32).")
+    if len(logs.get("loss", ())) < len(history.epoch):
+        raise RuntimeError(
+            f"{source.name} {cfg.train_split} gave no training batch"
+            + (" (every record was skipped as bad)" if cfg.skip_bad_records else ""))
     if logs.get("val_loss") and len(history.epoch) and history.epoch[-1] == num_chunks - 1:
         results = {k[len("val_"):]: float(v[-1]) for k, v in logs.items() if k.startswith("val_")}
     else:  # nothing left to train (a finished run started again): evaluate what was saved
