@@ -191,6 +191,7 @@ def test_a_run_whose_loss_turns_nan_fails_and_saves_nothing(fake_fmnist, tmp_pat
     assert not (tmp_path / "run" / "model.keras").exists()
 
 
+@pytest.mark.filterwarnings("ignore:Your input ran out of data")  # what Keras says, and goes on
 def test_a_run_with_no_usable_training_data_fails(tmp_path):
     from PIL import Image
 
