@@ -192,7 +192,7 @@ def test_a_run_whose_loss_turns_nan_fails_and_saves_nothing(fake_fmnist, tmp_pat
 
 
 @pytest.mark.filterwarnings("ignore:Your input ran out of data")  # what Keras says, and goes on
-def test_a_run_with_no_usable_training_data_fails(tmp_path):
+def test_a_run_without_usable_data_fails_with_the_reason(tmp_path):
     from PIL import Image
 
     for split in ("train", "test"):
@@ -208,6 +208,9 @@ def test_a_run_with_no_usable_training_data_fails(tmp_path):
     with pytest.raises(RuntimeError, match=r"gave no training batch \(every record was skipped as bad\)"):
         train(cfg)
     assert not (tmp_path / "run" / "model.keras").exists()
+    (tmp_path / "images" / "test").rename(tmp_path / "held_out")
+    with pytest.raises(ValueError, match=r"no test or validation split to evaluate on \(it has \['train'\]"):
+        train(cfg)
     empty = str(tmp_path / "empty.tfrecord.gz")
     tf.io.TFRecordWriter(empty, options="GZIP").close()
     source = data.TFRecordSource("records", {"train": [empty], "test": [empty]}, ["a", "b"])

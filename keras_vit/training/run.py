@@ -91,7 +91,10 @@ def train(cfg: TrainConfig, source=None, build_model=None) -> dict:
     recipe = cfg.recipe_obj()
     if source is None:
         source = data.open_source(cfg.dataset, data_dir=cfg.data_dir, image_dir=cfg.image_dir)
-    eval_split = cfg.eval_split or ("test" if "test" in source.splits else "validation")
+    eval_split = cfg.eval_split or next((s for s in ("test", "validation") if s in source.splits), None)
+    if eval_split is None:
+        raise ValueError(f"{source.name} has no test or validation split to evaluate on (it has "
+                         f"{sorted(source.splits)}); name one with eval_split")
     accum = max(int(cfg.gradient_accumulation_steps), 1)
     if recipe.batch_size % accum:
         raise ValueError(f"batch_size {recipe.batch_size} is not divisible by "
