@@ -62,7 +62,9 @@ def define_flags():
     flags.DEFINE_integer("seed", 0, "Random seed.")
     flags.DEFINE_bool("cache", False, "Cache the encoded dataset in memory.")
     flags.DEFINE_bool("deterministic", False, "Deterministic input order and augmentation.")
-    flags.DEFINE_bool("skip_bad_records", False, "Drop and count bad records instead of failing.")
+    flags.DEFINE_bool("skip_bad_records", False,
+                      "Drop and count bad training records instead of failing (bad evaluation records "
+                      "still fail).")
     flags.DEFINE_float("crop_area_min", 0.05,
                        "Smallest Inception-crop area (the paper's 0.05; larger for tiny images).")
 

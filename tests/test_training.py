@@ -1,5 +1,6 @@
 """Recipes, gradient accumulation, precision, strategies, resumable runs and the CLI."""
 
+import dataclasses
 import json
 import os
 import re
@@ -9,6 +10,7 @@ import subprocess
 import sys
 import textwrap
 import time
+import warnings
 
 import keras
 import numpy as np
@@ -191,26 +193,50 @@ def test_a_run_whose_loss_turns_nan_fails_and_saves_nothing(fake_fmnist, tmp_pat
     assert not (tmp_path / "run" / "model.keras").exists()
 
 
-@pytest.mark.filterwarnings("ignore:Your input ran out of data")  # what Keras says, and goes on
-def test_a_run_without_usable_data_fails_with_the_reason(tmp_path):
+def _out_of_data_warnings(run):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        run()
+    return [w for w in caught if "ran out of data" in str(w.message)]
+
+
+def test_skipping_bad_records_trains_on_the_rest_and_fails_when_none_is_left(tmp_path):
     from PIL import Image
 
     for split in ("train", "test"):
         for label in ("a", "b"):
             folder = tmp_path / "images" / split / label
             folder.mkdir(parents=True)
-            if split == "train":
+            if split == "train":  # skipping is for training records only
                 (folder / "broken.jpg").write_bytes(b"not a jpeg")
-            else:
-                Image.new("RGB", (28, 28)).save(folder / "ok.jpg")
+            for i in range(4):
+                Image.new("RGB", (28, 28), (60 * i, 0, 0)).save(folder / f"{i}.jpg")
     cfg = _small_run(tmp_path / "run", dataset=None, image_dir=str(tmp_path / "images"),
                      skip_bad_records=True)
-    with pytest.raises(RuntimeError, match=r"gave no training batch \(every record was skipped as bad\)"):
-        train(cfg)
-    assert not (tmp_path / "run" / "model.keras").exists()
-    (tmp_path / "images" / "test").rename(tmp_path / "held_out")
+    summary = train(cfg)
+    assert summary["steps"] == 4 and summary["skipped_records"] >= 2
+    for path in (tmp_path / "images" / "train").glob("*/*.jpg"):
+        if path.name != "broken.jpg":
+            path.unlink()
+    cfg = dataclasses.replace(cfg, output_dir=str(tmp_path / "run_none_left"))
+
+    def no_batch():
+        with pytest.raises(RuntimeError, match=r"gave no training batch \(every record was skipped as bad\)"):
+            train(cfg)
+
+    # Keras's own words for it, "Your input ran out of data; interrupting training", are left out.
+    assert not _out_of_data_warnings(no_batch)
+    assert not (tmp_path / "run_none_left" / "model.keras").exists()
+
+
+def test_a_run_without_a_split_to_use_fails_with_the_reason(tmp_path):
+    from PIL import Image
+
+    for label in ("a", "b"):
+        (tmp_path / "images" / "train" / label).mkdir(parents=True)
+        Image.new("RGB", (28, 28)).save(tmp_path / "images" / "train" / label / "0.jpg")
     with pytest.raises(ValueError, match=r"no test or validation split to evaluate on \(it has \['train'\]"):
-        train(cfg)
+        train(_small_run(tmp_path / "run", dataset=None, image_dir=str(tmp_path / "images")))
     empty = str(tmp_path / "empty.tfrecord.gz")
     tf.io.TFRecordWriter(empty, options="GZIP").close()
     source = data.TFRecordSource("records", {"train": [empty], "test": [empty]}, ["a", "b"])

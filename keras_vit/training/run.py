@@ -13,6 +13,7 @@ import json
 import math
 import os
 import time
+import warnings
 from typing import Optional
 
 import keras
@@ -173,8 +174,12 @@ def train(cfg: TrainConfig, source=None, build_model=None) -> dict:
     # Validate every `eval_every` chunks and always after the last one.
     every = range(cfg.eval_every, num_chunks + 1, cfg.eval_every) if cfg.eval_every > 0 else ()
     validation_freq = sorted({*every, num_chunks})
-    history = model.fit(train_ds, epochs=num_chunks, steps_per_epoch=chunk, validation_data=eval_ds,
-                        validation_freq=validation_freq, callbacks=callbacks, verbose=cfg.verbose)
+    with warnings.catch_warnings():
+        # Keras's words when the training split runs dry, which is reported below with
+        # its reason.
+        warnings.filterwarnings("ignore", message="Your input ran out of data", category=UserWarning)
+        history = model.fit(train_ds, epochs=num_chunks, steps_per_epoch=chunk, validation_data=eval_ds,
+                            validation_freq=validation_freq, callbacks=callbacks, verbose=cfg.verbose)
     seconds = time.time() - start
     logs = history.history
     # Keras ends fit with no error when TerminateOnNaN fires or the data runs out (then
