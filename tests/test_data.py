@@ -184,14 +184,13 @@ def test_command_line_logging_prints_tensorflow_records_once_and_hides_info():
 
 
 def write_examples(path, n):
+    """The pipeline's records (what `TFRecordSource` reads), labels alternating a, b."""
+    from pipeline.ingest import make_example
+
     with tf.io.TFRecordWriter(path, options="GZIP") as w:
         for i in range(n):
             png = tf.io.encode_png(np.full([8, 8, 3], i * 20, np.uint8)).numpy()
-            w.write(tf.train.Example(features=tf.train.Features(feature={
-                "image": tf.train.Feature(bytes_list=tf.train.BytesList(value=[png])),
-                "label": tf.train.Feature(int64_list=tf.train.Int64List(value=[i % 2])),
-                "source_id": tf.train.Feature(bytes_list=tf.train.BytesList(value=[b"r%d" % i])),
-            })).SerializeToString())
+            w.write(make_example(png, i % 2, "ab"[i % 2], f"r{i}").SerializeToString())
     return path
 
 
