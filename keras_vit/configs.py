@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import numbers
 import re
 from typing import Any, Optional, Sequence, Tuple, Union
 
@@ -16,12 +17,17 @@ POSITION_EMBEDDINGS = ("learned", "sincos2d", "none", "relative")
 
 
 def _pair(value: Union[int, Sequence[int]], what: str) -> Tuple[int, int]:
-    if isinstance(value, int):
-        value = (value, value)
-    value = tuple(int(v) for v in value)
-    if len(value) != 2 or min(value) <= 0:
+    # numpy ints are ints here; a float or a bool is a mistake that int() would hide.
+    def whole(v):
+        return isinstance(v, numbers.Integral) and not isinstance(v, bool)
+
+    try:
+        pair = (value, value) if whole(value) else tuple(value)
+    except TypeError:
+        pair = ()
+    if isinstance(value, str) or len(pair) != 2 or not all(whole(v) and v > 0 for v in pair):
         raise ValueError(f"{what} must be a positive int or a pair of them, got {value!r}")
-    return value
+    return tuple(int(v) for v in pair)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -237,3 +243,18 @@ def get_config(name: str) -> ViTConfig:
     if key not in _BY_KEY:
         raise ValueError(f"unknown model {name!r}; known models: {', '.join(MODEL_CONFIGS)}")
     return MODEL_CONFIGS[_BY_KEY[key]]
+
+
+def resolve_config(name_or_config: Union[str, "ViTConfig", dict]) -> ViTConfig:
+    """The config a paper name, a `ViTConfig`, its dict, or a path to its JSON stands for."""
+    if isinstance(name_or_config, ViTConfig):
+        return name_or_config
+    if isinstance(name_or_config, dict):
+        return ViTConfig.from_dict(name_or_config)
+    if isinstance(name_or_config, str) and name_or_config.endswith(".json"):
+        with open(name_or_config) as f:
+            return ViTConfig.from_json(f.read())
+    if isinstance(name_or_config, str):
+        return get_config(name_or_config)
+    raise TypeError(
+        f"expected a model name, a ViTConfig, its dict or a .json path, got {type(name_or_config)}")

@@ -7,7 +7,7 @@ from typing import Optional, Union
 import keras
 from keras import ops
 
-from keras_vit.configs import ViTConfig, get_config
+from keras_vit.configs import ViTConfig, resolve_config
 from keras_vit.layers import (ClassToken, EncoderBlock, LayerNorm, PatchEmbedding, PositionEmbedding,
                               ResNetStem, graph_kind)
 
@@ -169,17 +169,8 @@ def create_model(
         if source is None:
             raise ValueError("create_model needs a model name, a config, or weights to infer one from")
         config = source.infer_config()
-    elif isinstance(name_or_config, ViTConfig):
-        config = name_or_config
-    elif isinstance(name_or_config, dict):
-        config = ViTConfig.from_dict(name_or_config)
-    elif isinstance(name_or_config, str) and name_or_config.endswith(".json"):
-        with open(name_or_config) as f:
-            config = ViTConfig.from_json(f.read())
-    elif isinstance(name_or_config, str):
-        config = get_config(name_or_config)
     else:
-        raise TypeError(f"name_or_config must be a name, ViTConfig or dict, got {type(name_or_config)}")
+        config = resolve_config(name_or_config)
 
     if source is not None:
         # What the checkpoint's own config fixes (HF's exact GELU, its epsilon)

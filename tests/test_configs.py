@@ -2,6 +2,7 @@
 
 import json
 
+import numpy as np
 import pytest
 
 import keras_vit
@@ -57,6 +58,20 @@ def test_json_round_trip_keeps_every_field():
 def test_bad_configs_are_rejected_with_a_reason(changes, message):
     with pytest.raises(ValueError, match=message):
         get_config("ViT-B/16").replace(**changes)
+
+
+@pytest.mark.parametrize("size", [224.0, 224.5, True, "224", (224,), (224, 0), (224.0, 224.0), None])
+def test_sizes_must_be_whole_numbers(size):
+    # int() would quietly make 224.5 a 224 and a string a TypeError about iteration.
+    with pytest.raises(ValueError, match=r"image_size must be a positive int or a pair of them, got"):
+        get_config("ViT-B/16").replace(image_size=size)
+
+
+def test_numpy_ints_and_arrays_are_sizes():
+    assert get_config("ViT-B/16").replace(image_size=np.int64(384)).image_size == (384, 384)
+    cfg = get_config("ViT-B/16").replace(image_size=np.array([224, 160]), patch_size=[16, 16])
+    assert cfg.image_size == (224, 160) and cfg.patch_size == (16, 16)
+    assert all(type(v) is int for v in cfg.image_size)  # JSON-serialisable
 
 
 def test_unknown_override_names_the_valid_fields():
