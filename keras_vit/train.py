@@ -24,10 +24,12 @@ FLAGS = flags.FLAGS
 
 
 def define_flags():
+    from keras_vit.cli import register_json_object_flag
     from keras_vit.training import PRECISIONS, RECIPES, STRATEGIES
 
     flags.DEFINE_string("model", "ViT-Ti/16", "Registered model name, or a ViTConfig JSON file.")
     flags.DEFINE_string("model_overrides", "{}", "JSON dict of config fields, e.g. '{\"patch_size\": 4}'.")
+    register_json_object_flag("model_overrides")
     flags.DEFINE_string("dataset", "fashion_mnist_local", "TFDS name (optionally name/config).")
     flags.DEFINE_string("data_dir", None, "TFDS data directory.")
     flags.DEFINE_string("image_dir", None, "An image-folder tree (split/label/*.jpg) instead of --dataset.")
@@ -71,8 +73,9 @@ def define_flags():
 
 def main(argv):
     del argv
+    from keras_vit.cli import exit_for_bad_config
     from keras_vit.data import quiet_info_logs
-    from keras_vit.training import TrainConfig, train
+    from keras_vit.training import ConfigError, TrainConfig, train
 
     quiet_info_logs()
 
@@ -91,6 +94,10 @@ def main(argv):
         crop_area_min=FLAGS.crop_area_min, eval_every=FLAGS.eval_every,
         # A progress bar redraws itself with escape codes: a log file gets one line per chunk.
         verbose=1 if sys.stdout.isatty() else 2)
+    try:
+        cfg.validate()
+    except ConfigError as e:
+        exit_for_bad_config(str(e))
     summary = train(cfg)
     model = summary.pop("model_obj")
     paths = summary["paths"]

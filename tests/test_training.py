@@ -19,8 +19,8 @@ import tensorflow as tf
 
 import keras_vit
 from keras_vit import ViTConfig, data
-from keras_vit.training import (TrainConfig, WarmupDecay, compile_model, get_recipe, make_strategy,
-                                resolve_precision, train)
+from keras_vit.training import (ConfigError, TrainConfig, WarmupDecay, compile_model, get_recipe,
+                                make_strategy, resolve_precision, train)
 from keras_vit.training.precision import top1_agreement, with_policy
 from keras_vit.training.recipes import SparseSigmoidCrossEntropy, make_optimizer
 
@@ -150,7 +150,8 @@ def test_tpu_strategy_is_built_from_the_flags(monkeypatch):
 
     monkeypatch.setattr(distribute, "make_strategy", fake_make_strategy)
     with pytest.raises(Stop) as stop:
-        train(TrainConfig(strategy="tpu", tpu="my-tpu", tpu_zone="z", tpu_project="p", precision="float32"))
+        train(TrainConfig(strategy="tpu", tpu="my-tpu", tpu_zone="z", tpu_project="p", precision="float32",
+                          steps=1))
     assert stop.value.args == ("tpu", {"tpu": "my-tpu", "tpu_zone": "z", "tpu_project": "p"})
 
 
@@ -191,6 +192,64 @@ def test_a_run_whose_loss_turns_nan_fails_and_saves_nothing(fake_fmnist, tmp_pat
     with pytest.raises(FloatingPointError, match=r"NaN or infinite in chunk 1 of 2; nothing was saved"):
         train(_small_run(tmp_path / "run", data_dir=fake_fmnist), build_model=build)
     assert not (tmp_path / "run" / "model.keras").exists()
+
+
+def test_a_config_that_cannot_work_is_refused_with_every_reason_before_any_work(tmp_path, monkeypatch):
+    cfg = _small_run(tmp_path / "run", steps=None, batch_size=0, learning_rate=-1.0, precision="fp8",
+                     strategy="mirror", gradient_accumulation_steps=0, crop_area_min=0.0,
+                     model_overrides={"hiden_size": 8}, weights=str(tmp_path / "missing.npz"))
+
+    def touched(*args, **kwargs):
+        raise AssertionError("the data was opened for a config that cannot work")
+
+    monkeypatch.setattr(data, "open_source", touched)
+    with pytest.raises(ConfigError) as refused:
+        train(cfg)
+    reasons = str(refused.value).splitlines()[1:]
+    assert [r.strip().split(" ")[0] for r in reasons] == [
+        "set", "precision", "strategy", "gradient_accumulation_steps", "crop_area_min", "recipe", "model",
+        "weights"]
+    assert "learning_rate must be >= 0, got -1.0; batch_size must be a whole number >= 1, got 0" in reasons[5]
+    assert "unknown config field(s) ['hiden_size']" in reasons[6]
+    assert not (tmp_path / "run").exists()
+    with pytest.raises(ConfigError, match=r"batch_size 8 is not divisible by gradient_accumulation_steps 3"):
+        _small_run(tmp_path / "run", gradient_accumulation_steps=3).validate()
+    with pytest.raises(ConfigError, match=r"model 'ViT-Ti/16': image_size \(30, 30\) must be a multiple"):
+        _small_run(tmp_path / "run", image_size=30).validate()
+    # A caller's own model builder replaces model and image_size; weights elsewhere are not looked for.
+    _small_run(tmp_path / "run", image_size=30, model_overrides={"x": 1}).validate(check_model=False)
+    _small_run(tmp_path / "run", weights="gs://bucket/ViT-B_16.npz").validate()
+    _small_run(tmp_path / "run", weights=str(tmp_path / "missing.npz")).validate(check_paths=False)
+
+
+@pytest.mark.parametrize("changes, message", [
+    (dict(learning_rate=-0.1), "learning_rate must be >= 0"),
+    (dict(weight_decay=-0.1), "weight_decay must be >= 0"),
+    (dict(batch_size=0), "batch_size must be a whole number >= 1"),
+    (dict(warmup_steps=-1), "warmup_steps must be >= 0"),
+    (dict(decay="step"), "decay must be 'linear' or 'cosine'"),
+    (dict(label_smoothing=1.0), r"label_smoothing must be in \[0, 1\)"),
+    (dict(loss="hinge"), "loss must be 'softmax' or 'sigmoid'"),
+    (dict(dropout_rate=-0.1), "dropout_rate must be in"),
+    (dict(grad_clip_norm=0.0), "grad_clip_norm must be > 0 or None"),
+])
+def test_recipes_refuse_values_that_cannot_train(changes, message):
+    with pytest.raises(ValueError, match=f"recipe 'finetune': {message}"):
+        get_recipe("finetune", **changes)
+
+
+def test_the_cli_reports_a_bad_config_in_its_own_words(tmp_path):
+    env = {**os.environ, "PYTHONPATH": ROOT}
+    proc = subprocess.run(_train_command(tmp_path / "run", 0, ["--learning_rate=-1"]), env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1
+    assert ("bad training config:\n  steps must be >= 1, got 0\n  recipe 'pretrain': learning_rate must be "
+            ">= 0, got -1.0\nPass --helpshort") in proc.stderr
+    assert "Traceback" not in proc.stderr and not (tmp_path / "run").exists()
+    proc = subprocess.run(_train_command(tmp_path / "run", 1, ["--model_overrides=[4]"]), env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1
+    assert "flag --model_overrides=[4]: must be a JSON object of config fields" in proc.stderr
 
 
 def _out_of_data_warnings(run):

@@ -3,8 +3,8 @@
 from keras_vit.training.distribute import STRATEGIES, make_strategy, patch_keras_multi_worker
 from keras_vit.training.precision import PRECISIONS, resolve_precision, set_precision
 from keras_vit.training.recipes import RECIPES, Recipe, WarmupDecay, compile_model, get_recipe
-from keras_vit.training.run import TrainConfig, train
+from keras_vit.training.run import ConfigError, TrainConfig, train
 
-__all__ = ["PRECISIONS", "RECIPES", "Recipe", "STRATEGIES", "TrainConfig", "WarmupDecay", "compile_model",
-           "get_recipe", "make_strategy", "patch_keras_multi_worker", "resolve_precision", "set_precision",
-           "train"]
+__all__ = ["ConfigError", "PRECISIONS", "RECIPES", "Recipe", "STRATEGIES", "TrainConfig", "WarmupDecay",
+           "compile_model", "get_recipe", "make_strategy", "patch_keras_multi_worker", "resolve_precision",
+           "set_precision", "train"]

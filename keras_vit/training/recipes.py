@@ -35,8 +35,38 @@ class Recipe:
     beta_2: float = 0.999
     end_learning_rate: float = 0.0
 
+    def __post_init__(self):
+        problems = recipe_problems(self)
+        if problems:
+            raise ValueError(f"recipe {self.name!r}: " + "; ".join(problems))
+
     def replace(self, **changes) -> "Recipe":
         return dataclasses.replace(self, **{k: v for k, v in changes.items() if v is not None})
+
+
+def recipe_problems(r: Recipe) -> list:
+    """What is wrong with a recipe's values, as phrases (empty when nothing is)."""
+    checks = [
+        (r.optimizer in ("adam", "sgd"), f"optimizer must be 'adam' or 'sgd', got {r.optimizer!r}"),
+        # 0 is allowed: a run that leaves the weights as they are is a baseline.
+        (r.learning_rate >= 0, f"learning_rate must be >= 0, got {r.learning_rate}"),
+        (r.weight_decay >= 0, f"weight_decay must be >= 0, got {r.weight_decay}"),
+        (r.batch_size >= 1 and int(r.batch_size) == r.batch_size,
+         f"batch_size must be a whole number >= 1, got {r.batch_size}"),
+        (r.warmup_steps >= 0, f"warmup_steps must be >= 0, got {r.warmup_steps}"),
+        (r.decay in ("linear", "cosine"), f"decay must be 'linear' or 'cosine', got {r.decay!r}"),
+        (r.grad_clip_norm is None or r.grad_clip_norm > 0,
+         f"grad_clip_norm must be > 0 or None, got {r.grad_clip_norm}"),
+        (0 <= r.dropout_rate < 1, f"dropout_rate must be in [0, 1), got {r.dropout_rate}"),
+        (0 <= r.label_smoothing < 1, f"label_smoothing must be in [0, 1), got {r.label_smoothing}"),
+        (r.loss in ("softmax", "sigmoid"), f"loss must be 'softmax' or 'sigmoid', got {r.loss!r}"),
+        (0 <= r.momentum < 1, f"momentum must be in [0, 1), got {r.momentum}"),
+        (0 <= r.beta_1 < 1 and 0 <= r.beta_2 < 1,
+         f"beta_1 and beta_2 must be in [0, 1), got {r.beta_1}, {r.beta_2}"),
+        (0 <= r.end_learning_rate and (r.learning_rate <= 0 or r.end_learning_rate <= r.learning_rate),
+         f"end_learning_rate must be in [0, learning_rate], got {r.end_learning_rate}"),
+    ]
+    return [message for ok, message in checks if not ok]
 
 
 RECIPES = {

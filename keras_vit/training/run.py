@@ -18,8 +18,12 @@ from typing import Optional
 
 import keras
 
-from keras_vit import data
+from keras_vit import configs, data
 from keras_vit.training import distribute, precision, recipes
+
+
+class ConfigError(ValueError):
+    """A training config that cannot work; the message names every problem, one per line."""
 
 
 @dataclasses.dataclass
@@ -67,6 +71,56 @@ class TrainConfig:
             warmup_steps=self.warmup_steps, decay=self.decay, dropout_rate=self.dropout_rate,
             label_smoothing=self.label_smoothing, loss=self.loss, batch_size=self.batch_size)
 
+    def validate(self, check_model: bool = True, check_paths: bool = True) -> None:
+        """Raises ConfigError naming every field that cannot work, before data or a model is touched.
+
+        `check_model=False` leaves out `model` and `model_overrides` (for a caller's own
+        model builder). `check_paths=False` leaves out whether `weights` exists on this
+        machine (for a pipeline compiled here and run elsewhere).
+        """
+        problems = []
+
+        def need(ok, message):
+            if not ok:
+                problems.append(message)
+
+        if self.steps is None and self.epochs is None:
+            problems.append("set steps or epochs (how long to train)")
+        need(self.steps is None or self.steps >= 1, f"steps must be >= 1, got {self.steps}")
+        need(self.epochs is None or self.epochs > 0, f"epochs must be > 0, got {self.epochs}")
+        need(self.precision in precision.PRECISIONS,
+             f"precision must be one of {precision.PRECISIONS}, got {self.precision!r}")
+        need(self.strategy in distribute.STRATEGIES,
+             f"strategy must be one of {distribute.STRATEGIES}, got {self.strategy!r}")
+        need(self.gradient_accumulation_steps >= 1,
+             f"gradient_accumulation_steps must be >= 1, got {self.gradient_accumulation_steps}")
+        need(self.checkpoint_every is None or self.checkpoint_every >= 1,
+             f"checkpoint_every must be >= 1, got {self.checkpoint_every}")
+        need(self.eval_every >= 0, f"eval_every must be >= 0 (0: only at the end), got {self.eval_every}")
+        need(0 < self.crop_area_min <= 1, f"crop_area_min must be in (0, 1], got {self.crop_area_min}")
+        try:
+            recipe = self.recipe_obj()
+        except ValueError as e:
+            problems.append(str(e))
+        else:
+            accum = self.gradient_accumulation_steps
+            need(accum < 1 or recipe.batch_size % accum == 0,
+                 f"batch_size {recipe.batch_size} is not divisible by gradient_accumulation_steps {accum}")
+        if check_model:
+            if not isinstance(self.model_overrides, dict):
+                problems.append(
+                    f"model_overrides must be a dict of config fields, got {self.model_overrides!r}")
+            elif self.model is not None or not self.weights:
+                try:
+                    configs.resolve_config(self.model).replace(image_size=self.image_size,
+                                                               **self.model_overrides)
+                except (ValueError, TypeError, OSError) as e:
+                    problems.append(f"model {self.model!r}: {e}")
+        if check_paths and self.weights and "://" not in self.weights:
+            need(os.path.exists(self.weights), f"weights {self.weights} not found")
+        if problems:
+            raise ConfigError("bad training config:\n  " + "\n  ".join(problems))
+
 
 def _resume_point(backup_dir: str) -> Optional[int]:
     path = os.path.join(backup_dir, "training_metadata.json")
@@ -85,6 +139,7 @@ def train(cfg: TrainConfig, source=None, build_model=None) -> dict:
     images in [-1, 1] to logits (a CNN baseline, say); it is called in the
     strategy's scope.
     """
+    cfg.validate(check_model=build_model is None)
     keras.utils.set_random_seed(cfg.seed)
     policy = precision.set_precision(cfg.precision)
     strategy = distribute.make_strategy(cfg.strategy, tpu=cfg.tpu, tpu_zone=cfg.tpu_zone,
@@ -96,21 +151,16 @@ def train(cfg: TrainConfig, source=None, build_model=None) -> dict:
     if eval_split is None:
         raise ValueError(f"{source.name} has no test or validation split to evaluate on (it has "
                          f"{sorted(source.splits)}); name one with eval_split")
-    accum = max(int(cfg.gradient_accumulation_steps), 1)
-    if recipe.batch_size % accum:
-        raise ValueError(f"batch_size {recipe.batch_size} is not divisible by "
-                         f"gradient_accumulation_steps {accum}")
+    accum = int(cfg.gradient_accumulation_steps)
     micro_batch = recipe.batch_size // accum
     train_examples = source.num_examples(cfg.train_split)
     if not train_examples:
         raise ValueError(f"{source.name} {cfg.train_split} has no records to train on")
     if cfg.steps:
         total_updates = int(cfg.steps)
-    elif cfg.epochs:
+    else:
         # An epoch is the whole batches of one pass (the last partial batch is dropped).
         total_updates = max(int(round(cfg.epochs * (train_examples // recipe.batch_size))), 1)
-    else:
-        raise ValueError("set steps or epochs")
     micro_steps = total_updates * accum
     chunk = int(cfg.checkpoint_every or max(train_examples // micro_batch, 1))
     num_chunks = int(math.ceil(micro_steps / min(chunk, micro_steps)))

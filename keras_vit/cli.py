@@ -1,0 +1,28 @@
+"""What the command-line tools share: a JSON flag check and how a bad config is reported."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from absl import flags
+
+
+def register_json_object_flag(name: str) -> None:
+    """Makes absl refuse flag `name` at parse time unless it holds a JSON object."""
+
+    def check(text):
+        try:
+            value = json.loads(text or "{}")
+        except json.JSONDecodeError as e:
+            raise flags.ValidationError(f"not valid JSON ({e}): {text}")
+        if not isinstance(value, dict):
+            raise flags.ValidationError(f"must be a JSON object of config fields, got {text}")
+        return True
+
+    flags.register_validator(name, check)
+
+
+def exit_for_bad_config(message: str) -> None:
+    """Exits with status 1 as absl does for a bad flag, without its full usage text."""
+    sys.exit(f"{message}\nPass --helpshort or --helpfull to see help on flags.")
