@@ -73,8 +73,20 @@ def create_pipeline(
     beam_pipeline_args: List[str],
     enable_cache: bool = True,
 ) -> tfx.dsl.Pipeline:
-    """The pipeline object; `metadata_path` None leaves ML Metadata to the orchestrator."""
+    """The pipeline object; `metadata_path` None leaves ML Metadata to the orchestrator.
+
+    Raises ValueError for a `train_config` the Trainer would refuse, so that a bad
+    flag fails here rather than after ingestion, statistics and de-duplication. Its
+    `weights` must exist here only for a local run (`metadata_path` set), which
+    trains on this machine.
+    """
     import tensorflow_data_validation as tfdv
+
+    from pipeline import trainer_module
+
+    custom_config = {**train_config, "model_name": model_name, "code_digest": code_digest()}
+    trainer_module.train_config(custom_config, train_steps, output_dir=pipeline_root).validate(
+        check_paths=metadata_path is not None)
 
     example_gen = components.ImageExampleGen(
         source=json.dumps(dataclasses.asdict(source)), input_fingerprint=input_fingerprint)
@@ -96,7 +108,7 @@ def create_pipeline(
         schema=curate.outputs["curated_schema"],
         train_args=tfx.proto.TrainArgs(splits=["train"], num_steps=int(train_steps)),
         eval_args=tfx.proto.EvalArgs(splits=["eval"]),
-        custom_config={**train_config, "model_name": model_name, "code_digest": code_digest()})
+        custom_config=custom_config)
     baseline = tfx.dsl.Resolver(
         strategy_class=tfx.dsl.experimental.LatestBlessedModelStrategy,
         model=tfx.dsl.Channel(type=tfx.types.standard_artifacts.Model),

@@ -21,6 +21,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import sys
 import time
 import warnings
@@ -213,6 +214,9 @@ def compile_kubeflow_v2(pipeline, output: str, image: str) -> str:
 def _define_flags():
     from absl import flags
 
+    from keras_vit.cli import register_json_object_flag
+    from keras_vit.training import PRECISIONS, STRATEGIES
+
     from pipeline import dedup
 
     flags.DEFINE_string("dataset", "fashion_mnist_local", "TFDS name (with optional /config).")
@@ -220,11 +224,14 @@ def _define_flags():
     flags.DEFINE_string("image_dir", None, "A split/label/image folder tree; replaces --dataset.")
     flags.DEFINE_list("tfrecords", None, "split=pattern pairs of tf.Example TFRecords (image, label); "
                       "replaces --dataset.")
+    flags.register_validator("tfrecords", lambda items: all("=" in item for item in items or ()),
+                             "wants split=pattern pairs, e.g. train=data/train-*.tfrecord")
     flags.DEFINE_list("class_names", None, "Class names for --tfrecords (default: from the data).")
     flags.DEFINE_float("eval_percent", 10.0,
                        "Percent of train held out as eval when the source has no eval split.")
     flags.DEFINE_string("model", "ViT-Ti/16", "A keras_vit model name.")
     flags.DEFINE_string("model_overrides", json.dumps(DEFAULT_OVERRIDES), "JSON of ViTConfig overrides.")
+    register_json_object_flag("model_overrides")
     flags.DEFINE_integer("image_size", 28, "Model input size.")
     flags.DEFINE_integer("train_steps", 800, "Optimizer updates.")
     flags.DEFINE_integer("batch_size", 256, "Global batch size.")
@@ -235,20 +242,25 @@ def _define_flags():
     flags.DEFINE_float("crop_area_min", 1.0, "Smallest Inception-crop area (1.0: flips only).")
     flags.DEFINE_enum("recipe", "pretrain", ["pretrain", "finetune"], "keras_vit training recipe.")
     flags.DEFINE_string("weights", None, "Checkpoint to start from (with --recipe=finetune).")
-    flags.DEFINE_string("precision", "auto", "auto, float32, mixed_bfloat16 or mixed_float16.")
-    flags.DEFINE_string("strategy", "auto", "tf.distribute strategy for the Trainer.")
+    flags.DEFINE_enum("precision", "auto", list(PRECISIONS),
+                      "Dtype policy; auto picks bf16 on bf16 hardware.")
+    flags.DEFINE_enum("strategy", "auto", list(STRATEGIES), "tf.distribute strategy for the Trainer.")
     flags.DEFINE_string("pipeline_name", "keras-vit",
                         "Pipeline name ([a-z0-9][a-z0-9-]*, as Kubeflow needs).")
+    flags.register_validator("pipeline_name", lambda name: bool(re.fullmatch(r"[a-z0-9][a-z0-9-]*", name)),
+                             "must match [a-z0-9][a-z0-9-]* (Kubeflow's rule)")
     flags.DEFINE_string("pipeline_root", "runs/pipeline", "Where artifacts go.")
     flags.DEFINE_string("metadata_path", None,
                         "SQLite ML Metadata file (default <pipeline_root>/metadata.sqlite).")
     flags.DEFINE_string("serving_dir", "saved_models",
                         "Pushed models go to <serving_dir>/<model_name>/<version>/.")
     flags.DEFINE_string("model_name", "vit", "Serving model name.")
-    flags.DEFINE_integer("beam_direct_workers", 1, "DirectRunner processes (1: in memory).")
+    flags.DEFINE_integer("beam_direct_workers", 1, "DirectRunner processes (1: in memory).", lower_bound=1)
     flags.DEFINE_list("beam_pipeline_args", [], "More Beam flags (Flink, Spark, Dataflow).")
-    flags.DEFINE_float("dedup_threshold", dedup.DEFAULT_THRESHOLD, "Near-duplicate correlation threshold.")
-    flags.DEFINE_float("accuracy_threshold", 0.8, "Top-1 on eval a model needs to be blessed.")
+    flags.DEFINE_float("dedup_threshold", dedup.DEFAULT_THRESHOLD, "Near-duplicate correlation threshold.",
+                       lower_bound=0.0, upper_bound=1.0)
+    flags.DEFINE_float("accuracy_threshold", 0.8, "Top-1 on eval a model needs to be blessed.",
+                       lower_bound=0.0, upper_bound=1.0)
     flags.DEFINE_boolean("enable_cache", True, "Reuse cached component results.")
     flags.DEFINE_enum("runner", "local", ["local", "kubeflow_v2"],
                       "local runs; kubeflow_v2 compiles a JSON spec.")
@@ -257,20 +269,18 @@ def _define_flags():
 
 
 def build_from_flags(FLAGS):
+    """The pipeline, its source and its metadata path; ConfigError for flags that cannot work."""
+    from keras_vit.training import ConfigError
     from pipeline import definition
 
-    tfrecords = None
-    if FLAGS.tfrecords:
-        tfrecords = {}
-        for item in FLAGS.tfrecords:
-            if "=" not in item:
-                raise ValueError(f"--tfrecords wants split=pattern, got {item!r}")
-            split, pattern = item.split("=", 1)
-            tfrecords[split] = pattern
+    tfrecords = dict(item.split("=", 1) for item in FLAGS.tfrecords) if FLAGS.tfrecords else None
     given = FLAGS.image_dir or tfrecords
-    spec = ingest.SourceSpec(dataset=None if given else FLAGS.dataset, data_dir=FLAGS.data_dir,
-                             image_dir=FLAGS.image_dir, tfrecords=tfrecords, class_names=FLAGS.class_names,
-                             eval_percent=FLAGS.eval_percent)
+    try:
+        spec = ingest.SourceSpec(dataset=None if given else FLAGS.dataset, data_dir=FLAGS.data_dir,
+                                 image_dir=FLAGS.image_dir, tfrecords=tfrecords,
+                                 class_names=FLAGS.class_names, eval_percent=FLAGS.eval_percent)
+    except ValueError as e:
+        raise ConfigError(f"bad data flags:\n  {e}") from e
     train_config = {
         "model": FLAGS.model, "model_overrides": json.loads(FLAGS.model_overrides or "{}"),
         "image_size": FLAGS.image_size, "batch_size": FLAGS.batch_size, "learning_rate": FLAGS.learning_rate,
@@ -296,9 +306,15 @@ def main(argv):
     from absl import flags
 
     del argv
+    from keras_vit.cli import exit_for_bad_config
+    from keras_vit.training import ConfigError
+
     FLAGS = flags.FLAGS
     _quiet_absl()
-    pipeline, spec, metadata_path = build_from_flags(FLAGS)
+    try:
+        pipeline, spec, metadata_path = build_from_flags(FLAGS)
+    except ConfigError as e:
+        exit_for_bad_config(str(e))
     if FLAGS.runner == "kubeflow_v2":
         out = compile_kubeflow_v2(pipeline, FLAGS.kubeflow_output, FLAGS.kubeflow_image)
         print(f"Wrote the Kubeflow V2 pipeline spec to {out}")

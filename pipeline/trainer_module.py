@@ -26,14 +26,15 @@ def _examples_root(file_patterns):
     return os.path.dirname(os.path.dirname(file_patterns[0]))
 
 
-def train_config(fn_args: FnArgs) -> training.TrainConfig:
-    config = {k: v for k, v in (fn_args.custom_config or {}).items() if k not in _NOT_TRAIN_CONFIG}
+def train_config(custom_config: dict, train_steps: int, output_dir: str) -> training.TrainConfig:
+    """The run a Trainer with this `custom_config` and `train_steps` does, writing to `output_dir`."""
+    config = {k: v for k, v in (custom_config or {}).items() if k not in _NOT_TRAIN_CONFIG}
     known = {f.name for f in dataclasses.fields(training.TrainConfig)}
     unknown = sorted(set(config) - known)
     if unknown:
         raise ValueError(f"custom_config keys {unknown} are not TrainConfig fields ({sorted(known)})")
-    config.update(dataset=None, train_split="train", eval_split="eval", steps=int(fn_args.train_steps),
-                  epochs=None, output_dir=fn_args.model_run_dir, eval_every=0)
+    config.update(dataset=None, train_split="train", eval_split="eval", steps=int(train_steps),
+                  epochs=None, output_dir=output_dir, eval_every=0)
     config.setdefault("verbose", 2)
     return training.TrainConfig(**config)
 
@@ -44,7 +45,7 @@ def run_fn(fn_args: FnArgs) -> None:
     class_names = components.read_class_names(_examples_root(fn_args.train_files))
     files = {"train": fn_args.train_files, "eval": fn_args.eval_files}
     source = data.TFRecordSource("pipeline_examples", files, class_names)
-    cfg = train_config(fn_args)
+    cfg = train_config(fn_args.custom_config, fn_args.train_steps, fn_args.model_run_dir)
     result = training.train(cfg, source=source)
     export.write_saved_model(result["model_obj"], fn_args.serving_model_dir, class_names=class_names,
                              model_name=(fn_args.custom_config or {}).get("model_name", "model"))

@@ -17,6 +17,7 @@ import pytest
 import tensorflow as tf
 
 from keras_vit import fashion_mnist
+from keras_vit.training import ConfigError
 from planting import png, write_image_folder
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -217,6 +218,37 @@ def test_tfx_false_property_predicate_warning_is_dropped_only_when_false():
                   if node.pipeline_node.node_info.id == "Trainer")
     inputs["examples"].channels[0].artifact_query.property_predicate.value_comparator.property_name = "span"
     assert uses_property_predicates(ir)
+
+
+def test_flags_that_cannot_train_stop_the_run_before_any_component(tmp_path):
+    missing = tmp_path / "missing.npz"
+    _, proc = run_pipeline("--dataset=fashion_mnist_local/mini", f"--pipeline_root={tmp_path / 'root'}",
+                           "--model=ViT-X/16", f"--weights={missing}", "--batch_size=0", check=False)
+    assert proc.returncode == 1, proc.stderr[-4000:]
+    assert "bad training config:\n  recipe 'pretrain': batch_size must be a whole number >= 1" in proc.stderr
+    assert "\n  model 'ViT-X/16': unknown model 'ViT-X/16'" in proc.stderr
+    assert f"\n  weights {missing} not found\nPass --helpshort" in proc.stderr
+    assert "Traceback" not in proc.stderr and not (tmp_path / "root").exists()
+
+
+def test_the_definition_checks_the_trainer_config_and_local_weights_only():
+    from pipeline import definition, ingest
+    from pipeline.run import beam_args
+
+    def create(train_config, metadata_path):
+        return definition.create_pipeline(
+            pipeline_name="p", pipeline_root="/nonexistent/root",
+            source=ingest.SourceSpec(tfrecords={"train": "/x"}), input_fingerprint="0",
+            train_config=train_config, train_steps=1, serving_dir="/nonexistent/serving", model_name="m",
+            dedup_threshold=0.9, accuracy_threshold=0.5, metadata_path=metadata_path,
+            beam_pipeline_args=beam_args(1))
+
+    with pytest.raises(ConfigError, match="precision must be one of"):
+        create({"precision": "fp8"}, metadata_path=None)
+    with pytest.raises(ConfigError, match="weights /nonexistent/ViT-B_16.npz not found"):
+        create({"weights": "/nonexistent/ViT-B_16.npz"}, metadata_path="/nonexistent/m.sqlite")
+    # A spec for an orchestrator elsewhere names files on its machines.
+    create({"weights": "/nonexistent/ViT-B_16.npz"}, metadata_path=None)
 
 
 def _example(image, label):
