@@ -64,6 +64,11 @@ class VisionTransformer(keras.Model):
                          **kwargs)
         self.config = c
         self._dtype_arg = dtype
+        # Keras's own spec lets a last axis of 1 through for any channel count, so a
+        # grayscale batch failed deep in the patch convolution; a 1-channel model
+        # still takes [B, H, W].
+        self.input_spec = keras.layers.InputSpec(shape=(None, *c.image_size, c.num_channels), name="images",
+                                                 allow_last_axis_squeeze=c.num_channels == 1)
 
     def predict_step(self, data):
         # Keras runs these steps in process and never saves them, so they may take

@@ -86,6 +86,24 @@ def test_non_square_images_and_any_multiple_of_the_patch():
     assert model.position_embedding.embedding.shape == (1, 25, 32)
 
 
+def test_images_with_the_wrong_channel_count_are_refused_by_name():
+    rgb = tiny()
+    with pytest.raises(ValueError, match=r"expected shape=\(None, 32, 32, 3\), found shape=\(2, 32, 32, 1\)"):
+        rgb(np.zeros((2, 32, 32, 1), "float32"))  # Keras's own spec lets a last axis of 1 through
+    with pytest.raises(ValueError, match=r"expected axis -1 of input shape to have value 3"):
+        rgb.forward(np.zeros((2, 32, 32, 1), "float32"))
+    gray = tiny(num_channels=1)
+    assert gray(np.zeros((2, 32, 32), "float32")).shape == (2, 5)  # [B, H, W] still reads as 1 channel
+    # TF would read 3 channels as a grouped convolution of a 1-channel kernel and return numbers.
+    wrong = r'"embedding" is incompatible.*axis -1 of input shape to have value 1'
+    with pytest.raises(ValueError, match=wrong):
+        gray(np.zeros((2, 32, 32, 3), "float32"))
+    hybrid = keras_vit.create_model(
+        ViTConfig(name="r", resnet=keras_vit.ResNetConfig(num_layers=()), **{**TINY, "patch_size": 2}))
+    with pytest.raises(ValueError, match=r"found shape=\(2, 32, 32, 1\)"):
+        hybrid(np.zeros((2, 32, 32, 1), "float32"))
+
+
 def test_forward_returns_attention_and_tokens_per_layer():
     model = randomise(tiny(num_layers=3))
     out = model.forward(images(), return_attention=True, return_tokens=True)

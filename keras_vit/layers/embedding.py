@@ -28,6 +28,9 @@ class PatchEmbedding(keras.layers.Layer):
             initializer="lecun_normal",  # flax's Conv default
         )
         self.bias = self.add_weight(name="bias", shape=(self.hidden_size,), initializer="zeros")
+        # TF reads an input with k times the kernel's channels as a grouped convolution
+        # and returns numbers, so a wrong channel count must be stopped here.
+        self.input_spec = keras.layers.InputSpec(ndim=4, axes={-1: input_shape[-1]})
 
     def call(self, images):
         x = ops.conv(images, self.kernel, strides=self.patch_size, padding="valid")
