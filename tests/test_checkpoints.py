@@ -225,6 +225,28 @@ def test_not_a_checkpoint(tmp_path):
         open_checkpoint(str(other))
 
 
+def test_files_that_are_not_vit_checkpoints_are_named_with_what_they_hold(tmp_path):
+    mixer = _save(tmp_path / "mixer.npz", {"stem/kernel": np.zeros((16, 16, 3, 8), "float32"),
+                                           "MixerBlock_0/LayerNorm_0/scale": np.ones(8, "float32")})
+    with pytest.raises(CheckpointError, match=re.escape(
+            f"{mixer}: not a ViT checkpoint: it has no tensor 'embedding/kernel' (it has 2 tensors, "
+            "e.g. 'MixerBlock_0/LayerNorm_0/scale', 'stem/kernel')")):
+        keras_vit.create_model("ViT-B/16", weights=mixer)
+    params = read(TOKEN_REP)
+    del params["Transformer/encoderblock_0/MlpBlock_3/Dense_0/kernel"]
+    truncated = _save(tmp_path / "truncated.npz", params)
+    with pytest.raises(CheckpointError, match=re.escape(
+            f"{truncated}: an incomplete ViT checkpoint: it has no tensor "
+            "'Transformer/encoderblock_0/MlpBlock_3/Dense_0/kernel'")):
+        open_checkpoint(truncated)
+    config = json.loads(open(os.path.join(HF_CLF, "config.json")).read())
+    shutil.copy(os.path.join(HF_CLF, "model.safetensors"), tmp_path / "model.safetensors")
+    (tmp_path / "config.json").write_text(json.dumps({**config, "num_hidden_layers": 3}))
+    missing = re.escape(f"{tmp_path}: Hugging Face checkpoint is missing tensor")
+    with pytest.raises(CheckpointError, match=missing):
+        open_checkpoint(str(tmp_path))
+
+
 def test_learned_posemb_into_a_model_without_one_is_an_error():
     with pytest.raises(CheckpointError, match="learned position embeddings but the model uses 'sincos2d'"):
         keras_vit.create_model(None, weights=TOKEN_REP, position_embedding="sincos2d")

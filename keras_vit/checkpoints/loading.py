@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 from typing import Dict, List, Optional, Tuple
@@ -48,6 +49,15 @@ class CheckpointSource:
         return self.labels
 
 
+@contextlib.contextmanager
+def _naming_the_file(path: str):
+    # The readers' errors name tensors; which file they are missing from is said here.
+    try:
+        yield
+    except CheckpointError as e:
+        raise CheckpointError(f"{path}: {e}") from e
+
+
 def open_checkpoint(path: str) -> CheckpointSource:
     """Reads an official `.npz` or a Hugging Face ViT directory."""
     path = os.fspath(path)
@@ -56,14 +66,17 @@ def open_checkpoint(path: str) -> CheckpointSource:
     if os.path.isdir(path):
         config = huggingface.read_config(path)
         tensors = huggingface.read_tensors(path)
-        fields = huggingface.infer_config_fields(config, tensors)
-        return CheckpointSource(path, "huggingface", huggingface.canonicalise(config, tensors), fields,
-                                huggingface.implied_overrides(config), huggingface.grid_size(config),
-                                huggingface.class_names(config))
+        with _naming_the_file(path):
+            fields = huggingface.infer_config_fields(config, tensors)
+            params = huggingface.canonicalise(config, tensors)
+        return CheckpointSource(path, "huggingface", params, fields, huggingface.implied_overrides(config),
+                                huggingface.grid_size(config), huggingface.class_names(config))
     if path.endswith(".npz"):
-        params, naming = npz.canonicalise(npz.read_npz(path))
-        return CheckpointSource(path, f"npz ({naming} naming)", params,
-                                npz.infer_config_fields(params, naming))
+        arrays = npz.read_npz(path)
+        with _naming_the_file(path):
+            params, naming = npz.canonicalise(arrays)
+            fields = npz.infer_config_fields(params, naming)
+        return CheckpointSource(path, f"npz ({naming} naming)", params, fields)
     raise CheckpointError(
         f"{path}: unknown checkpoint format; expected an official .npz or a Hugging Face directory "
         "(for a Keras .keras file use keras.saving.load_model)")

@@ -104,7 +104,10 @@ def infer_config_fields(params: Dict[str, np.ndarray], naming: str,
         q = params["Transformer/encoderblock_0/MultiHeadDotProductAttention_1/query/kernel"]
         mlp = params["Transformer/encoderblock_0/MlpBlock_3/Dense_0/kernel"]
     except KeyError as e:
-        raise CheckpointError(f"cannot infer the architecture: missing tensor {e}") from e
+        what = "an incomplete ViT checkpoint" if "embedding/kernel" in params else "not a ViT checkpoint"
+        some = ", ".join(repr(k) for k in sorted(params)[:4])
+        raise CheckpointError(f"{what}: it has no tensor {e} (it has {len(params)} tensors"
+                              + (f", e.g. {some})" if params else ")")) from e
     num_layers = len({m.group(1) for k in params
                       if (m := re.match(r"^Transformer/encoderblock_(\d+)/", k))})
     fields = dict(
