@@ -11,7 +11,7 @@ warnings.filterwarnings("ignore", message="You are using a non-supported Python 
 from keras_vit.checkpoints import CheckpointError, inspect_checkpoint, interpolate_posembed
 from keras_vit.configs import MODEL_CONFIGS, ResNetConfig, ViTConfig, get_config, list_models
 from keras_vit.training.precision import compute_dtype_twin
-from keras_vit.vit import VisionTransformer, create_model
+from keras_vit.vit import VisionTransformer, create_model, load_model
 
 # A trained model.keras holds its compiled optimizer, whose schedule and loss are ours:
 # registering them here lets `keras.saving.load_model` read it after `import keras_vit`.
@@ -31,4 +31,5 @@ __all__ = [
     "inspect_checkpoint",
     "interpolate_posembed",
     "list_models",
+    "load_model",
 ]

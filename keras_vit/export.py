@@ -6,6 +6,8 @@ directories. The SavedModel needs neither keras_vit nor custom objects to load.
 
     python -m keras_vit.export --model=vit.keras --output_dir=saved_models/vit \
         --class_names=cat,dog
+    python -m keras_vit.export --model=ViT-B_16.npz --output_dir=saved_models/vit_b16 \
+        --class_names_file=imagenet_classes.txt
 """
 
 from __future__ import annotations
@@ -250,7 +252,10 @@ def main(argv):
     FLAGS = flags.FLAGS
     del argv
     quiet_info_logs()
-    model = keras.saving.load_model(FLAGS.model)
+    from keras_vit.checkpoints import checkpoint_class_names
+    from keras_vit.vit import load_model
+
+    model = load_model(FLAGS.model, FLAGS.image_size)
     if FLAGS.precision is not None:
         policy = precision.resolve_precision(FLAGS.precision)
         if policy != precision.model_policy(model):
@@ -261,6 +266,8 @@ def main(argv):
             names = [line.strip() for line in f if line.strip()]
     elif FLAGS.class_names:
         names = FLAGS.class_names
+    elif not FLAGS.model.endswith(".keras"):
+        names = checkpoint_class_names(FLAGS.model)
     stored = precision.compute_dtype_twin(model) if FLAGS.weights_in_compute_dtype else model
     dtypes = sorted({w.dtype for w in stored.weights})
     print(f"Exporting {FLAGS.model} (policy {precision.model_policy(model)}, weights stored as "
@@ -276,9 +283,13 @@ def main(argv):
 def _define_flags():
     from absl import flags
 
-    flags.DEFINE_string("model", None, "A .keras model file.", required=True)
+    flags.DEFINE_string("model", None, "A .keras file, an official .npz or a Hugging Face ViT directory.",
+                        required=True)
+    flags.DEFINE_integer("image_size", None,
+                         "Serving resolution for a checkpoint (position embeddings are interpolated).")
     flags.DEFINE_string("output_dir", None, "Model base directory, e.g. saved_models/vit.", required=True)
-    flags.DEFINE_list("class_names", None, "Comma-separated class names.")
+    flags.DEFINE_list("class_names", None,
+                      "Comma-separated class names (default: a Hugging Face checkpoint's id2label).")
     flags.DEFINE_string("class_names_file", None, "File with one class name per line.")
     flags.DEFINE_integer("version", None, "Version number (default: next free).")
     flags.DEFINE_integer("top_k", 5, "Classes in the top-k outputs.")

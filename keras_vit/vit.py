@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Optional, Union
 
 import keras
@@ -132,6 +133,26 @@ class VisionTransformer(keras.Model):
     @classmethod
     def from_config(cls, config):
         return cls(**config)
+
+
+def load_model(path: str, image_size=None) -> VisionTransformer:
+    """A saved `.keras` ViT, or a checkpoint (official `.npz`, Hugging Face directory)
+    whose architecture is read from its tensors.
+
+    `image_size` (int or (height, width)) applies to checkpoints, whose position
+    embeddings are then interpolated; a `.keras` model keeps its own size.
+    """
+    path = os.fspath(path)
+    if not path.endswith(".keras"):
+        return create_model(None, weights=path, image_size=image_size)
+    if image_size is not None:
+        raise ValueError("image_size applies to checkpoints; a .keras model keeps its own size")
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"no model at {path}")
+    model = keras.saving.load_model(path)
+    if not isinstance(model, VisionTransformer):
+        raise TypeError(f"{path} holds a {type(model).__name__}, not a keras_vit VisionTransformer")
+    return model
 
 
 def _layer_name(name: str) -> str:

@@ -400,6 +400,27 @@ def test_command_line_export_says_where_it_wrote(exported, tmp_path):
     assert out["class_names"].numpy()[0].decode() in CLASSES
 
 
+def test_command_line_export_of_a_checkpoint_at_another_resolution(tmp_path):
+    hf = data_path("hf_vit_tiny")
+    run = subprocess.run([sys.executable, "-m", "keras_vit.export", f"--model={hf}", "--image_size=48",
+                          f"--output_dir={tmp_path / 'hf'}"], capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert f"Wrote SavedModel to {tmp_path / 'hf' / '1'}" in run.stdout
+    loaded = tf.saved_model.load(str(tmp_path / "hf" / "1"))
+    batch = tf.stack([preprocessing.decode_for_eval(b, (48, 48)) for b in sample_images()])
+    model = keras_vit.create_model(None, weights=hf, image_size=48)
+    expected = tf.nn.softmax(model.predict(batch, verbose=0))
+    out = loaded.signatures["predict_images"](images=batch)
+    np.testing.assert_allclose(out["probabilities"].numpy(), expected.numpy(), rtol=1e-5, atol=1e-6)
+    # The class names come from the checkpoint's id2label when none are given.
+    names = loaded.signatures["serving_default"](image_bytes=tf.constant(sample_images()))["class_names"]
+    assert {n.decode() for n in names.numpy().ravel()} <= set(CLASSES)
+    run = subprocess.run([sys.executable, "-m", "keras_vit.export", f"--model={tmp_path / 'x.keras'}",
+                          "--image_size=48", f"--output_dir={tmp_path / 'x'}"],
+                         capture_output=True, text=True)
+    assert run.returncode != 0 and "image_size applies to checkpoints" in run.stderr
+
+
 def test_command_line_export_in_another_precision(exported, tmp_path):
     from keras_vit.training.precision import with_policy
 

@@ -49,6 +49,11 @@ class CheckpointSource:
         return self.labels
 
 
+def checkpoint_class_names(path: str) -> Optional[List[str]]:
+    """The names a checkpoint gives its classes: a Hugging Face config's `id2label`; None for .npz."""
+    return huggingface.class_names(huggingface.read_config(path)) if os.path.isdir(path) else None
+
+
 @contextlib.contextmanager
 def _naming_the_file(path: str):
     # The readers' errors name tensors; which file they are missing from is said here.

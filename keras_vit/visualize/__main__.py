@@ -33,24 +33,6 @@ flags.DEFINE_string("output_dir", "reports/visualize", "Where the PNGs and .npy 
 flags.DEFINE_integer("batch_size", 16, "Images per forward pass.")
 
 
-def load_model(path: str, image_size=None):
-    """A `.keras` file, or a checkpoint whose architecture is read from its tensors."""
-    import keras
-
-    import keras_vit
-
-    if path.endswith(".keras"):
-        if image_size is not None:
-            raise ValueError("--image_size applies to checkpoints; a .keras model keeps its own size")
-        if not os.path.exists(path):
-            raise FileNotFoundError(f"no model at {path}")
-        model = keras.saving.load_model(path)
-        if not isinstance(model, keras_vit.VisionTransformer):
-            raise TypeError(f"{path} holds a {type(model).__name__}, not a keras_vit VisionTransformer")
-        return model
-    return keras_vit.create_model(None, weights=path, image_size=image_size)
-
-
 def _images(model):
     from keras_vit.visualize.images import load_images
 
@@ -87,6 +69,7 @@ def _check_usage(commands) -> None:
 def main(argv):
     commands = argv[1:]
     _check_usage(commands)  # before the imports below, which load TensorFlow
+    from keras_vit import load_model
     from keras_vit import visualize as vis
     from keras_vit.data import quiet_info_logs
 
