@@ -95,10 +95,9 @@ def main(argv):
         # A progress bar redraws itself with escape codes: a log file gets one line per chunk.
         verbose=1 if sys.stdout.isatty() else 2)
     try:
-        cfg.validate()
+        summary = train(cfg)
     except ConfigError as e:
         exit_for_bad_config(str(e))
-    summary = train(cfg)
     model = summary.pop("model_obj")
     paths = summary["paths"]
     print(f"eval {summary['eval_split']}: top-1 {summary['eval_top1']:.4f}, top-5 {summary['eval_top5']:.4f} "

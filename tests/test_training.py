@@ -252,6 +252,27 @@ def test_the_cli_reports_a_bad_config_in_its_own_words(tmp_path):
     assert "flag --model_overrides=[4]: must be a JSON object of config fields" in proc.stderr
 
 
+def test_another_run_is_not_resumed_from_a_checkpoint_it_did_not_write(fake_fmnist, tmp_path):
+    cfg = _small_run(tmp_path / "run", data_dir=fake_fmnist)
+    first = train(cfg)
+    assert json.loads((tmp_path / "run" / "backup" / "run.json").read_text())["steps"] == 4
+    wider = {**TINY_OVERRIDES, "hidden_size": 32}
+    for changes, differences in [
+            (dict(steps=8), ["steps 4 -> 8"]),
+            (dict(model_overrides=wider, checkpoint_every=1),
+             ["micro_steps_per_chunk 2 -> 1", "model.hidden_size 16 -> 32"]),
+            (dict(learning_rate=1e-2), ["recipe.learning_rate 0.001 -> 0.01"])]:
+        with pytest.raises(ConfigError) as refused:
+            train(dataclasses.replace(cfg, **changes))
+        message = str(refused.value)
+        assert message.startswith(f"{tmp_path / 'run'} holds the checkpoint of another run "
+                                  "(after chunk 2 of 2)")
+        assert message.split("\n")[1:-1] == [f"  {d}" for d in differences]
+    # The same run started again finds nothing left to train and evaluates what it saved.
+    again = train(cfg)
+    assert again["eval_top1"] == first["eval_top1"]
+
+
 def _out_of_data_warnings(run):
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

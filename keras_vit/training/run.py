@@ -14,12 +14,15 @@ import math
 import os
 import time
 import warnings
-from typing import Optional
+from typing import List, Optional
 
 import keras
 
 from keras_vit import configs, data
 from keras_vit.training import distribute, precision, recipes
+
+
+RUN_IDENTITY = "run.json"  # in the backup directory: what its checkpoints are of
 
 
 class ConfigError(ValueError):
@@ -130,6 +133,41 @@ def _resume_point(backup_dir: str) -> Optional[int]:
     return None
 
 
+def _differences(old, new, prefix="") -> List[str]:
+    """'key: old -> new' for each leaf where two JSON-like values differ."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        return [d for k in sorted(set(old) | set(new))
+                for d in _differences(old.get(k), new.get(k), f"{prefix}{k}.")]
+    return [] if old == new else [f"{prefix[:-1]} {json.dumps(old)} -> {json.dumps(new)}"]
+
+
+def _check_same_run(backup_dir: str, identity: dict, resume: Optional[int]) -> None:
+    """Records what the checkpoints in `backup_dir` are of, or refuses to resume another run from them.
+
+    Keras would load the weights of another model with an error about variable
+    counts, and another schedule or chunking without one.
+    """
+    path = os.path.join(backup_dir, RUN_IDENTITY)
+    identity = json.loads(json.dumps(identity))
+    if resume is None:
+        os.makedirs(backup_dir, exist_ok=True)
+        with open(path, "w") as f:
+            json.dump(identity, f, indent=2, sort_keys=True)
+        return
+    if not os.path.exists(path):  # a backup written before this check
+        return
+    with open(path) as f:
+        recorded = json.load(f)
+    differences = _differences(recorded, identity)
+    if differences:
+        chunks = (recorded["steps"] * recorded["gradient_accumulation_steps"]
+                  // recorded["micro_steps_per_chunk"])
+        raise ConfigError(
+            f"{os.path.dirname(backup_dir)} holds the checkpoint of another run (after chunk {resume} of "
+            f"{chunks}), so this one cannot resume from it. It differs in:\n  " + "\n  ".join(differences)
+            + "\nStart it with the settings it had to resume it, or give another output_dir to start afresh.")
+
+
 def train(cfg: TrainConfig, source=None, build_model=None) -> dict:
     """Trains, evaluates and saves; returns the final metrics and where things went.
 
@@ -178,9 +216,6 @@ def train(cfg: TrainConfig, source=None, build_model=None) -> dict:
              "metrics": os.path.join(cfg.output_dir, "metrics.json"),
              "backup": os.path.join(cfg.output_dir, "backup")}
     resume = _resume_point(paths["backup"])
-    if resume is not None:
-        print(f"Resuming from {paths['backup']}: chunk {resume} of {num_chunks} "
-              f"(step {resume * chunk // accum} of {total_updates})", flush=True)
 
     stats = data.DataStats()
     with strategy.scope():
@@ -199,6 +234,14 @@ def train(cfg: TrainConfig, source=None, build_model=None) -> dict:
                                            image_size=cfg.image_size, weights=cfg.weights, **overrides)
         recipes.compile_model(model, recipe, total_updates, jit_compile=cfg.jit_compile,
                               gradient_accumulation_steps=accum if accum > 1 else None)
+    _check_same_run(paths["backup"], {
+        "model": model.config.to_dict() if hasattr(model, "config") else model.name,
+        "recipe": dataclasses.asdict(recipe), "steps": total_updates, "micro_steps_per_chunk": chunk,
+        "gradient_accumulation_steps": accum, "precision": policy, "dataset": source.name,
+        "train_split": cfg.train_split, "image_size": cfg.image_size}, resume)
+    if resume is not None:
+        print(f"Resuming from {paths['backup']}: chunk {resume} of {num_chunks} "
+              f"(step {resume * chunk // accum} of {total_updates})", flush=True)
     channels = int(model.inputs[0].shape[-1])
     model_name = model.config.name if hasattr(model, "config") else model.name
     train_ds = data.make_dataset(source, cfg.train_split, image_size=cfg.image_size, batch_size=micro_batch,
