@@ -44,7 +44,10 @@ def next_version(base: str) -> int:
 
 
 class _ServingGraph:
-    """The three signature functions over one model, sharing the output head."""
+    """The three signature functions over one model, sharing the output head.
+
+    `class_names` None: the model outputs features, which are served as they are.
+    """
 
     def __init__(self, model, class_names, image_size, channels, top_k, activation):
         self.model = model
@@ -52,10 +55,12 @@ class _ServingGraph:
         self.channels = channels
         self.top_k = top_k
         self.activation = activation
-        self.class_names = tf.constant(class_names)
+        self.class_names = None if class_names is None else tf.constant(class_names)
 
     def outputs(self, images):
         logits = tf.cast(self.model(images, training=False), tf.float32)
+        if self.class_names is None:
+            return {"features": logits}
         probs = tf.nn.softmax(logits, axis=-1) if self.activation == "softmax" else tf.sigmoid(logits)
         classes = tf.argmax(probs, axis=-1, output_type=tf.int64)
         top = tf.math.top_k(probs, k=self.top_k)
@@ -98,7 +103,8 @@ def export_saved_model(
 
     Signatures (all return `probabilities` float32 [N, C], `classes` int64 [N],
     `class_names` string [N], `top_k_classes` int64 [N, k], `top_k_probabilities`
-    float32 [N, k], k = min(top_k, C)):
+    float32 [N, k], k = min(top_k, C); for a keras_vit model without a head,
+    `num_classes=0`, they return its pre-logits `features` float32 [N, D] instead):
       - `serving_default`: `image_bytes` string [N], encoded JPEG/PNG/GIF/BMP; decoded,
         converted to RGB, resized and scaled to [-1, 1] in the graph.
       - `serving_examples`: `examples` string [N], serialized tf.Example with an
@@ -162,14 +168,24 @@ def write_saved_model(
         wanted = preprocessing.image_hw(image_size)
         if wanted != size:
             raise ValueError(f"image_size {wanted} differs from the model's input size {size}")
-    num_classes = int(model.outputs[0].shape[-1])
-    if class_names is None:
-        class_names = [str(i) for i in range(num_classes)]
-    class_names = [str(n) for n in class_names]
-    if len(class_names) != num_classes:
-        raise ValueError(f"{len(class_names)} class names for a model with {num_classes} outputs")
+    num_outputs = int(model.outputs[0].shape[-1])
+    # A headless ViT outputs features; a softmax over them would read as classes.
+    headless = getattr(getattr(model, "config", None), "num_classes", None) == 0
+    if headless:
+        if class_names is not None:
+            raise ValueError("the model has no head (num_classes=0), so no class names; it is served as "
+                             f"{num_outputs} features")
+    else:
+        if class_names is None:
+            class_names = [str(i) for i in range(num_outputs)]
+        class_names = [str(n) for n in class_names]
+        if len(class_names) != num_outputs:
+            raise ValueError(f"{len(class_names)} class names for a model with {num_outputs} outputs")
     if activation not in ("softmax", "sigmoid"):
         raise ValueError(f"activation must be 'softmax' or 'sigmoid', got {activation!r}")
+    if not headless and num_outputs == 1 and activation == "softmax":
+        raise ValueError("a softmax over one output is always 1; a one-logit model needs "
+                         "activation='sigmoid'")
     if top_k < 1:
         raise ValueError(f"top_k must be >= 1, got {top_k}")
     if tf.io.gfile.exists(directory) and tf.io.gfile.listdir(directory):
@@ -177,7 +193,7 @@ def write_saved_model(
 
     if weights_in_compute_dtype:
         model = precision.compute_dtype_twin(model)
-    graph = _ServingGraph(model, class_names, size, channels, min(top_k, num_classes), activation)
+    graph = _ServingGraph(model, class_names, size, channels, min(top_k, num_outputs), activation)
     archive = keras.export.ExportArchive()
     archive.track(model)
     archive.add_endpoint("serving_default", graph.serving_default,
@@ -266,7 +282,7 @@ def main(argv):
             names = [line.strip() for line in f if line.strip()]
     elif FLAGS.class_names:
         names = FLAGS.class_names
-    elif not FLAGS.model.endswith(".keras"):
+    elif not FLAGS.model.endswith(".keras") and model.config.num_classes:
         names = checkpoint_class_names(FLAGS.model)
     stored = precision.compute_dtype_twin(model) if FLAGS.weights_in_compute_dtype else model
     dtypes = sorted({w.dtype for w in stored.weights})

@@ -93,6 +93,28 @@ def test_export_rejects_bad_arguments(exported, tmp_path):
         export_saved_model(model, str(tmp_path / "x"), image_size=64)
 
 
+def test_a_model_without_a_head_is_served_as_features(tmp_path):
+    features = keras_vit.create_model(None, weights=data_path("vit_tiny_token_rep.npz"), num_classes=0)
+    path = export_saved_model(features, str(tmp_path / "features"))
+    loaded = tf.saved_model.load(path)  # no keras_vit objects needed, as for classifiers
+    _, pre = expected_outputs(features, sample_images())
+    examples = [example(b) for b in sample_images()]
+    for name, kwargs in [("serving_default", dict(image_bytes=tf.constant(sample_images()))),
+                         ("serving_examples", dict(examples=tf.constant(examples))),
+                         ("predict_images", dict(images=tf.constant(pre)))]:
+        out = loaded.signatures[name](**kwargs)
+        assert list(out) == ["features"]  # not a softmax over the features posing as classes
+        np.testing.assert_allclose(out["features"].numpy(), features.predict(pre, verbose=0),
+                                   rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match=r"no head \(num_classes=0\), so no class names"):
+        export_saved_model(features, str(tmp_path / "x"), class_names=["a"] * 64)
+    one_logit = keras_vit.create_model(None, weights=data_path("vit_tiny_token_rep.npz"), num_classes=1)
+    with pytest.raises(ValueError, match="a one-logit model needs activation='sigmoid'"):
+        export_saved_model(one_logit, str(tmp_path / "y"))
+    out = tf.saved_model.load(export_saved_model(one_logit, str(tmp_path / "y"), activation="sigmoid"))
+    assert out.signatures["predict_images"](images=tf.constant(pre))["probabilities"].shape == (6, 1)
+
+
 def test_saved_model_cli_lists_the_three_signatures(exported):
     out = subprocess.run([os.path.join(VENV_BIN, "saved_model_cli"), "show", "--dir", exported[2], "--all"],
                          capture_output=True, text=True, check=True).stdout
