@@ -15,6 +15,7 @@ import fcntl
 import os
 from typing import Dict, List, Optional, Sequence
 
+import numpy as np
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
@@ -197,6 +198,17 @@ def open_source(dataset: Optional[str] = "fashion_mnist_local", data_dir: Option
     return Source(dataset, builder, image_key, label_key, "tfds_id")
 
 
+def labels(source, split: str) -> np.ndarray:
+    """The split's labels int64 `[N]` in record order, read without decoding an image."""
+    ds = source.raw(split).map(lambda ex: tf.cast(ex[source.label_key], tf.int64),
+                               num_parallel_calls=AUTOTUNE).batch(4096)
+    out = np.concatenate([b.numpy() for b in ds] or [np.zeros(0, np.int64)])
+    if len(out) != source.num_examples(split):
+        raise ValueError(f"{source.name} {split}: read {len(out)} labels, its metadata says "
+                         f"{source.num_examples(split)} records")
+    return out
+
+
 class DataStats:
     """Counts records dropped by `skip_bad_records=True`."""
 
@@ -223,6 +235,7 @@ def make_dataset(
     skip_bad_records: bool = False,
     stats: Optional[DataStats] = None,
     crop_area=(0.05, 1.0),
+    examples: Optional[Sequence[int]] = None,
 ) -> tf.data.Dataset:
     """Batches of `(images float32 [B, h, w, channels] in [-1, 1], labels int32 [B])`.
 
@@ -233,10 +246,35 @@ def make_dataset(
     InvalidArgumentError naming the record; with `skip_bad_records` it is dropped and
     counted in `stats.skipped` (a decode failure past the format check is dropped
     and logged by `ignore_errors`).
+
+    `examples`: for evaluation, the positions in `split` (as `labels` orders it) of the
+    only records to read, e.g. the ones a few-shot evaluation draws; they come in
+    ascending order.
     """
     size = preprocessing.image_hw(image_size)
     num_classes = source.num_classes
     ds = source.raw(split, shuffle_files=training, seed=seed)
+    count = None
+    if examples is not None:
+        if training:
+            raise ValueError("examples selects evaluation records; training reads the whole split")
+        total = source.num_examples(split)
+        keep = np.zeros(total, bool)
+        picked = np.asarray(examples, np.int64).reshape(-1)
+        if picked.size and (picked.min() < 0 or picked.max() >= total):
+            raise ValueError(f"examples must be positions in [0, {total}) of {source.name} {split}")
+        keep[picked] = True
+        count = int(keep.sum())
+        keep = tf.constant(keep)
+
+        def kept(index, _):
+            return tf.gather(keep, index)
+
+        def record(_, ex):
+            return ex
+
+        # Filtering the undecoded records costs a read, not a decode, of the rest.
+        ds = ds.enumerate().filter(kept).map(record)
     if cache:
         ds = ds.cache()
     if skip_bad_records:
@@ -256,7 +294,8 @@ def make_dataset(
         # A TFRecord read has no known length, and Keras then ends every evaluate and
         # predict over it with "Your input ran out of data; interrupting training".
         # The count is known (and checked: a wrong one fails the pass).
-        ds = ds.apply(tf.data.experimental.assert_cardinality(source.num_examples(split)))
+        ds = ds.apply(tf.data.experimental.assert_cardinality(
+            source.num_examples(split) if count is None else count))
 
     def prepare(index, ex):
         record = tf.strings.join([f"{source.name} {split} record ", tf.strings.as_string(ex[source.id_key])])

@@ -8,7 +8,9 @@ l2 = 2^10; the predicted class is the argmax. Accuracies are averaged over seeds
 
 from __future__ import annotations
 
-from typing import Dict, Iterable, Sequence, Tuple
+import sys
+import time
+from typing import Callable, Dict, Iterable, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -16,23 +18,65 @@ BIAS_FEATURE = 100.0
 DEFAULT_L2 = 2.0 ** 10
 
 
+def _labels(y, name: str, num_classes: Optional[int] = None) -> np.ndarray:
+    """`y` as int64 `[N]`, refusing what np.eye would silently misread (floats, -1)."""
+    y = np.asarray(y)
+    if y.dtype.kind not in "iu" and not (y.dtype.kind == "f" and np.all(np.mod(y, 1) == 0)):
+        raise ValueError(f"{name} must hold integer class ids, got dtype {y.dtype}")
+    y = y.reshape(-1).astype(np.int64)
+    if y.size and y.min() < 0:
+        raise ValueError(f"{name} holds a negative class id ({y.min()})")
+    if num_classes is not None and y.size and y.max() >= num_classes:
+        raise ValueError(f"{name} holds class id {y.max()}, outside [0, {num_classes})")
+    return y
+
+
+def _features(x, name: str, rows: int) -> np.ndarray:
+    """`x` as float64 `[rows, D]`, refusing NaN or inf (a diverged model's) by name."""
+    x = np.asarray(x, np.float64)
+    if x.ndim != 2:
+        raise ValueError(f"{name} must be [N, D] features, got shape {x.shape}")
+    if len(x) != rows:
+        raise ValueError(f"{name} has {len(x)} rows for {rows} labels")
+    if not np.all(np.isfinite(x)):
+        raise ValueError(f"{name} holds NaN or inf in {int(np.sum(~np.isfinite(x).all(axis=1)))} rows")
+    return x
+
+
 def topk_accuracy(logits: np.ndarray, labels: np.ndarray, k: int = 1) -> float:
     """Fraction of rows whose label is among the k largest logits. `[N, C]`, `[N]`."""
-    logits, labels = np.asarray(logits), np.asarray(labels).reshape(-1)
+    if k < 1:
+        raise ValueError(f"k must be >= 1, got {k}")
+    logits = np.asarray(logits)
+    if logits.ndim != 2 or not len(logits):
+        raise ValueError(f"logits must be [N, C] with N >= 1, got shape {logits.shape}")
+    labels = _labels(labels, "labels")
+    if len(labels) != len(logits):
+        raise ValueError(f"{len(labels)} labels for {len(logits)} rows of logits")
     k = min(k, logits.shape[-1])
     top = np.argpartition(-logits, k - 1, axis=-1)[:, :k]
     return float(np.mean(np.any(top == labels[:, None], axis=-1)))
 
 
-def extract_features(model, dataset) -> Tuple[np.ndarray, np.ndarray]:
-    """Frozen pre-logits features `[N, R or D]` and labels `[N]` of a `(images, labels)` dataset."""
+def extract_features(model, dataset, progress: bool = False) -> Tuple[np.ndarray, np.ndarray]:
+    """Frozen pre-logits features `[N, R or D]` and labels `[N]` of a `(images, labels)` dataset.
+
+    `progress`: print a line to stderr at each tenth of the batches.
+    """
     extractor = model.feature_extractor() if hasattr(model, "feature_extractor") else model
+    batches, started = int(dataset.cardinality()), time.time()
     feats, labels = [], []
-    for images, y in dataset:
+    for step, (images, y) in enumerate(dataset, 1):
         # predict_on_batch runs a traced graph; a plain call ran op by op, 3.6x slower for
         # ViT-Ti/16 at batch 32.
         feats.append(np.asarray(extractor.predict_on_batch(images), dtype=np.float64))
         labels.append(np.asarray(y).reshape(-1))
+        if progress and (step == batches or step % max(1, batches // 10) == 0):
+            done = sum(len(f) for f in feats)
+            print(f"  {step}/{batches if batches >= 0 else '?'} batches, {done} images, "
+                  f"{done / (time.time() - started):.1f} images/s", file=sys.stderr, flush=True)
+    if not feats:
+        raise ValueError("the dataset is empty: no features to extract")
     return np.concatenate(feats), np.concatenate(labels)
 
 
@@ -67,7 +111,9 @@ class RidgeClassifier:
 
 
 def sample_shots(labels: np.ndarray, shots: int, seed: int) -> np.ndarray:
-    """Indices of `shots` examples per class, drawn without replacement."""
+    """Indices of `shots` examples per class present in `labels`, drawn without replacement."""
+    if shots < 1:
+        raise ValueError(f"shots must be >= 1, got {shots}")
     rng = np.random.RandomState(seed)
     picks = []
     for c in np.unique(labels):
@@ -78,21 +124,54 @@ def sample_shots(labels: np.ndarray, shots: int, seed: int) -> np.ndarray:
     return np.concatenate(picks)
 
 
-def fewshot_accuracy(train_x, train_y, test_x, test_y, shots: Iterable[int] = (1, 5, 10, 25),
+def fewshot_draws(train_y, shots: Iterable[int] = (1, 5, 10, 25),
+                  seeds: Sequence[int] = (0, 1, 2)) -> Dict[Tuple[int, int], np.ndarray]:
+    """{(shots, seed): training indices} that `fewshot_accuracy` fits each classifier on.
+
+    Only these examples' features are needed, so a caller may extract those alone.
+    """
+    shots, seeds = [int(k) for k in shots], list(seeds)
+    if not shots or not seeds:
+        raise ValueError(f"need at least one shot count and one seed, got shots={shots} seeds={seeds}")
+    train_y = _labels(train_y, "train_y")
+    return {(k, seed): sample_shots(train_y, k, seed) for k in shots for seed in seeds}
+
+
+def fewshot_accuracy(train_x: Union[np.ndarray, Callable[[np.ndarray], np.ndarray]], train_y,
+                     test_x, test_y, shots: Iterable[int] = (1, 5, 10, 25),
                      seeds: Sequence[int] = (0, 1, 2), l2_reg: float = DEFAULT_L2,
                      num_classes: int = None) -> Dict[int, Tuple[float, float]]:
-    """{shots: (mean accuracy, std over seeds)} of the ridge classifier on test features."""
-    train_y = np.asarray(train_y).reshape(-1)
-    num_classes = num_classes or int(max(train_y.max(), np.max(test_y)) + 1)
-    out = {}
-    for k in shots:
-        accs = []
-        for seed in seeds:
-            idx = sample_shots(train_y, k, seed)
-            clf = RidgeClassifier(l2_reg).fit(train_x[idx], train_y[idx], num_classes)
-            accs.append(clf.accuracy(test_x, test_y))
-        out[int(k)] = (float(np.mean(accs)), float(np.std(accs)))
-    return out
+    """{shots: (mean accuracy, std over seeds)} of the ridge classifier on test features.
+
+    Args:
+      train_x: features `[N, D]` of the examples labelled `train_y [N]`, or a function
+        from training indices `[n]` to their features `[n, D]`, for a caller that
+        extracted only the examples `fewshot_draws` picks.
+      test_x, test_y: `[M, D]`, `[M]`. A test class with no training examples counts as
+        wrong, as it would in a deployed classifier.
+      num_classes: default one more than the largest label of either set.
+    """
+    train_y, test_y = _labels(train_y, "train_y"), _labels(test_y, "test_y")
+    num_classes = num_classes or int(max(train_y.max(initial=0), test_y.max(initial=0)) + 1)
+    _labels(train_y, "train_y", num_classes)
+    _labels(test_y, "test_y", num_classes)
+    test_x = _features(test_x, "test_x", len(test_y))
+    if callable(train_x):
+        def features_of(idx):
+            return _features(train_x(idx), "train_x(indices)", len(idx))
+    else:
+        full = _features(train_x, "train_x", len(train_y))
+
+        def features_of(idx):
+            return full[idx]
+    accs = {}
+    for (k, seed), idx in fewshot_draws(train_y, shots, seeds).items():
+        x = features_of(idx)
+        if x.shape[1] != test_x.shape[1]:
+            raise ValueError(f"train features have {x.shape[1]} dimensions, test features {test_x.shape[1]}")
+        clf = RidgeClassifier(l2_reg).fit(x, train_y[idx], num_classes)
+        accs.setdefault(k, []).append(clf.accuracy(test_x, test_y))
+    return {k: (float(np.mean(a)), float(np.std(a))) for k, a in accs.items()}
 
 
 def linear_probe(train_x, train_y, test_x, test_y, c: float = 1.0, max_iter: int = 1000) -> float:

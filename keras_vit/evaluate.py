@@ -1,0 +1,171 @@
+"""Few-shot and linear-probe accuracy of a model's frozen features: `python -m keras_vit.evaluate`.
+
+    # An official checkpoint, 1/5/10/25-shot on the offline Fashion-MNIST, 3 seeds.
+    python -m keras_vit.evaluate --model=ViT-B_16.npz --image_size=224 \
+        --test_examples=2000 --output_json=reports/fewshot.json
+
+    # A trained model, with a linear probe on 5000 training images too.
+    python -m keras_vit.evaluate --model=runs/vit/model.keras --linear_probe_examples=5000
+
+Few-shot follows big_vision (`keras_vit.evaluation`). Only the training images the
+draws pick have their features extracted (at most shots x classes x seeds), so a
+large training split costs one pass over its labels, not over its images.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+from absl import app, flags
+
+FLAGS = flags.FLAGS
+
+
+def define_flags():
+    from keras_vit.training import PRECISIONS
+
+    flags.DEFINE_string("model", None, "A .keras file, an official .npz or a Hugging Face ViT directory.",
+                        required=True)
+    flags.DEFINE_integer("image_size", None,
+                         "Resolution for a checkpoint (position embeddings are interpolated); "
+                         "default the checkpoint's.")
+    flags.DEFINE_string("dataset", "fashion_mnist_local", "TFDS name (optionally name/config).")
+    flags.DEFINE_string("data_dir", None, "TFDS data directory.")
+    flags.DEFINE_string("image_dir", None, "An image-folder tree (split/label/*.jpg) instead of --dataset.")
+    flags.DEFINE_string("train_split", "train", "Split the shots are drawn from.")
+    flags.DEFINE_string("test_split", None, "Split to score on (default: test, else validation).")
+    flags.DEFINE_list("shots", ["1", "5", "10", "25"], "Training examples per class, one evaluation each.")
+    flags.DEFINE_integer("seeds", 3, "Draws of the shots per count; accuracies are averaged over them.",
+                         lower_bound=1)
+    flags.DEFINE_integer("test_examples", None,
+                         "Score on this many test images, drawn at random with --seed (default: all).",
+                         lower_bound=1)
+    flags.DEFINE_integer("linear_probe_examples", 0,
+                         "Also fit a logistic-regression probe on this many random training images "
+                         "(0: no probe).", lower_bound=0)
+    flags.DEFINE_float("l2_reg", 2.0 ** 10, "Ridge penalty of the few-shot classifier.", lower_bound=0)
+    flags.DEFINE_integer("batch_size", 64, "Images per forward pass.", lower_bound=1)
+    flags.DEFINE_enum("precision", "auto", list(PRECISIONS),
+                      "Dtype policy of the forward pass; auto picks bf16 on bf16 hardware.")
+    flags.DEFINE_integer("seed", 0, "Seed of the test and probe subsets.")
+    flags.DEFINE_string("output_json", None, "Also write the results to this JSON file.")
+
+    def positive_ints(values):
+        try:
+            return bool(values) and all(int(v) >= 1 for v in values)
+        except ValueError:
+            return False
+
+    flags.register_validator("shots", positive_ints, message="must be a list of positive whole numbers")
+
+
+def _features(extractor, config, source, split, positions, batch_size):
+    """Features `[n, D]` and labels `[n]` of the records at `positions` (ascending)."""
+    from keras_vit import data, evaluation
+
+    ds = data.make_dataset(source, split, image_size=config.image_size, batch_size=batch_size,
+                           training=False, channels=config.num_channels, examples=positions)
+    return evaluation.extract_features(extractor, ds, progress=True)
+
+
+def evaluate(model, source, train_split, test_split, shots, seeds, test_examples=None,
+             linear_probe_examples=0, l2_reg=2.0 ** 10, batch_size=64, seed=0, log=print):
+    """{"fewshot": {shots: {"mean", "std"}}, "linear_probe": accuracy or None, counts...}."""
+    import numpy as np
+
+    from keras_vit import data, evaluation
+
+    rng = np.random.RandomState(seed)
+    train_y = data.labels(source, train_split)
+    draws = evaluation.fewshot_draws(train_y, shots, range(seeds))
+    probe = (np.sort(rng.choice(len(train_y), min(linear_probe_examples, len(train_y)), replace=False))
+             if linear_probe_examples else np.zeros(0, np.int64))
+    wanted = np.unique(np.concatenate([*draws.values(), probe]))
+    n_test = source.num_examples(test_split)
+    test_pos = (np.sort(rng.choice(n_test, test_examples, replace=False))
+                if test_examples and test_examples < n_test else np.arange(n_test))
+
+    log(f"Features of {len(wanted)} {train_split} images (the shots' draws"
+        f"{' and the probe' if len(probe) else ''}) and {len(test_pos)} {test_split} images ...")
+    extractor = model.feature_extractor()  # one for both passes: one traced predict function
+    train_x, _ = _features(extractor, model.config, source, train_split, wanted, batch_size)
+    test_x, test_y = _features(extractor, model.config, source, test_split, test_pos, batch_size)
+    unseen = sorted(set(np.unique(test_y)) - set(np.unique(train_y)))
+    if unseen:
+        names = [source.class_names[c] for c in unseen]
+        log(f"Warning: {test_split} holds classes with no {train_split} examples, scored as wrong: {names}")
+
+    def lookup(idx):
+        return train_x[np.searchsorted(wanted, idx)]
+
+    fewshot = evaluation.fewshot_accuracy(lookup, train_y, test_x, test_y, shots=shots, seeds=range(seeds),
+                                          l2_reg=l2_reg, num_classes=source.num_classes)
+    out = {"fewshot": {k: {"mean": m, "std": s} for k, (m, s) in sorted(fewshot.items())},
+           "linear_probe": None, "seeds": seeds, "test_examples": int(len(test_pos)),
+           "feature_dim": int(train_x.shape[1])}
+    if len(probe):
+        out["linear_probe"] = evaluation.linear_probe(lookup(probe), train_y[probe], test_x, test_y)
+        out["linear_probe_examples"] = int(len(probe))
+    return out
+
+
+def main(argv):
+    del argv
+    from keras_vit import data
+    from keras_vit.cli import exit_for_bad_config
+    from keras_vit.training import precision
+    from keras_vit.vit import load_model
+
+    data.quiet_info_logs()
+    started = time.time()
+    try:
+        source = data.open_source(FLAGS.dataset, data_dir=FLAGS.data_dir, image_dir=FLAGS.image_dir)
+        test_split = FLAGS.test_split or next((s for s in ("test", "validation") if s in source.splits), None)
+        if test_split is None:
+            raise ValueError(f"{source.name} has no test or validation split (it has "
+                             f"{sorted(source.splits)}); name one with --test_split")
+        for name, split in (("train_split", FLAGS.train_split), ("test_split", test_split)):
+            try:
+                source.num_examples(split)
+            except (ValueError, KeyError) as e:
+                raise ValueError(f"--{name}={split}: {e}") from e
+    except (ValueError, FileNotFoundError) as e:
+        exit_for_bad_config(str(e))
+    model = load_model(FLAGS.model, FLAGS.image_size)
+    policy = precision.resolve_precision(FLAGS.precision)
+    if policy != precision.model_policy(model):
+        model = precision.with_policy(model, policy)
+    print(f"{FLAGS.model}: {model.config.name} at {model.config.image_size}, {policy}; "
+          f"{source.name} {FLAGS.train_split} -> {test_split}", file=sys.stderr)
+    shots = [int(k) for k in FLAGS.shots]
+    try:
+        result = evaluate(model, source, FLAGS.train_split, test_split, shots, FLAGS.seeds,
+                          FLAGS.test_examples, FLAGS.linear_probe_examples, FLAGS.l2_reg, FLAGS.batch_size,
+                          FLAGS.seed, log=lambda m: print(m, file=sys.stderr))
+    except ValueError as e:  # too few examples of a class for the shots, labels out of range
+        exit_for_bad_config(str(e))
+    for k, acc in result["fewshot"].items():
+        print(f"{k:>3}-shot: {acc['mean']:.4f} +- {acc['std']:.4f} over {FLAGS.seeds} seeds")
+    if result["linear_probe"] is not None:
+        print(f"linear probe ({result['linear_probe_examples']} images): {result['linear_probe']:.4f}")
+    print(f"on {result['test_examples']} {test_split} images, in {time.time() - started:.0f} s")
+    if FLAGS.output_json:
+        result.update(model=FLAGS.model, dataset=source.name, train_split=FLAGS.train_split,
+                      test_split=test_split, precision=policy)
+        os.makedirs(os.path.dirname(os.path.abspath(FLAGS.output_json)), exist_ok=True)
+        with open(FLAGS.output_json, "w") as f:
+            json.dump(result, f, indent=2)
+        print(f"Results: {FLAGS.output_json}")
+
+
+def run():
+    """Console entry point; flags are defined here so importing the module defines none."""
+    define_flags()
+    app.run(main)
+
+
+if __name__ == "__main__":
+    run()
