@@ -166,6 +166,33 @@ def prepare(builder) -> None:
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
+def _has_images(directory: str) -> bool:
+    """Whether tfds's ImageFolder finds an image in `directory` (it reads these three formats)."""
+    return os.path.isdir(directory) and any(f.lower().endswith((".jpg", ".jpeg", ".png"))
+                                            for f in os.listdir(directory))
+
+
+def warn_missing_classes(where: str, class_names: Sequence[str],
+                         present: Dict[str, set]) -> Dict[str, List[str]]:
+    """Warns of each split that has no images of some classes; returns {split: missing}.
+
+    An image folder's classes are the union over its splits, so a class folder only in
+    test/ (or misspelt in train/) gives the model an output it never learns, and a test
+    accuracy that counts its images as wrong. Not an error: a split may omit classes on
+    purpose.
+    """
+    from absl import logging
+
+    missing = {split: [c for c in class_names if c not in have] for split, have in present.items()}
+    missing = {split: names for split, names in missing.items() if names}
+    for split, names in sorted(missing.items()):
+        consequence = ("a model trained on it never learns them" if split == "train"
+                       else "its accuracy says nothing of them")
+        logging.warning("%s: %s/ has no images of %d of the %d classes, so %s: %s", where, split, len(names),
+                        len(class_names), consequence, ", ".join(names))
+    return missing
+
+
 def open_source(dataset: Optional[str] = "fashion_mnist_local", data_dir: Optional[str] = None,
                 image_dir: Optional[str] = None, image_key: Optional[str] = None,
                 label_key: Optional[str] = None) -> Source:
@@ -181,6 +208,10 @@ def open_source(dataset: Optional[str] = "fashion_mnist_local", data_dir: Option
         if not os.path.isdir(image_dir):
             raise FileNotFoundError(f"image_dir {image_dir} is not a directory")
         builder = tfds.folder_dataset.ImageFolder(image_dir)
+        names = list(builder.info.features["label"].names)
+        present = {split: {c for c in names if _has_images(os.path.join(image_dir, split, c))}
+                   for split in builder.info.splits}
+        warn_missing_classes(f"image_dir {image_dir}", names, present)
         return Source(f"image_folder:{image_dir}", builder, "image", "label", "image/filename")
     try:
         builder = tfds.builder(dataset, data_dir=data_dir)

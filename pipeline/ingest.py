@@ -177,6 +177,10 @@ def image_folder_layout(root: str):
         files[folder] = entries
     if not files["train"]:
         raise ValueError(f"image_dir {root}/train holds no images ({', '.join(IMAGE_EXTENSIONS)})")
+    from keras_vit.data import warn_missing_classes
+
+    warn_missing_classes(f"image_dir {root}", sorted(labels),
+                         {folder: {label for _, label in entries} for folder, entries in files.items()})
     return splits, sorted(labels), files
 
 

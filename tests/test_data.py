@@ -146,6 +146,18 @@ def test_image_folder(tmp_path):
     assert images.shape == (12, 16, 16, 3) and set(labels.numpy()) == {0, 1}
 
 
+def test_an_image_folder_split_without_some_classes_is_warned_of(tmp_path, caplog):
+    root = make_image_folder(tmp_path)
+    os.makedirs(os.path.join(root, "test", "fox"))
+    Image.fromarray(np.zeros((8, 8, 3), np.uint8)).save(os.path.join(root, "test", "fox", "0.png"))
+    source = data.open_source(image_dir=root)
+    assert source.class_names == ["cat", "dog", "fox"]
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert warnings == [f"image_dir {root}: train/ has no images of 1 of the 3 classes, so a model "
+                        "trained on it never learns them: fox"]
+    assert data.warn_missing_classes("x", ["a", "b"], {"train": {"a", "b"}}) == {}
+
+
 def test_bad_image_is_named_or_skipped_and_counted(tmp_path):
     source = data.open_source(image_dir=make_image_folder(tmp_path, corrupt=True))
     ds = data.make_dataset(source, "train", image_size=16, batch_size=13, training=False)

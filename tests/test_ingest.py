@@ -46,14 +46,20 @@ def _tree(root, files):
             f.write(data)
 
 
-def test_image_folder_layout_maps_validation_to_eval_and_names_classes(tmp_path):
+def test_image_folder_layout_maps_validation_to_eval_and_names_classes(tmp_path, caplog):
     img = png(np.zeros((4, 4), np.uint8))
     _tree(tmp_path, {"train/cat/a.png": img, "train/dog/b.jpg": img, "validation/cat/c.png": img,
-                     "test/bird/d.png": img, "train/dog/notes.txt": b"x"})
+                     "test/bird/d.png": img, "train/dog/notes.txt": b"x", "train/bird/notes.txt": b"x"})
     splits, classes, files = ingest.image_folder_layout(str(tmp_path))
     assert splits == {"train": "train", "eval": "validation", "test": "test"}
     assert classes == ["bird", "cat", "dog"]  # the union over splits, sorted
     assert [os.path.basename(p) for p, _ in files["train"]] == ["a.png", "b.jpg"]
+    # bird's train folder holds no image: the model would have an output it never learns.
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert (f"image_dir {tmp_path}: train/ has no images of 1 of the 3 classes, so a model trained on it "
+            "never learns them: bird") in warnings
+    assert any("validation/ has no images of 2 of the 3 classes" in w and w.endswith("bird, dog")
+               for w in warnings)
 
 
 def test_image_folder_errors_say_what_is_wrong(tmp_path):
