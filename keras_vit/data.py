@@ -5,7 +5,7 @@
 
 Any TFDS image-classification name works (`cifar10`, `oxford_iiit_pet`, ...); it is
 prepared from its own sources with `try_download_gcs=False`. `image_dir` reads a
-`split/label/*.jpg` tree through `tfds.folder_dataset.ImageFolder`.
+`split/label/image` tree of JPEG, PNG, GIF or BMP files (`ImageFolderSource`).
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import fcntl
 import os
+import zlib
 from typing import Dict, List, Optional, Sequence
 
 import numpy as np
@@ -166,12 +167,6 @@ def prepare(builder) -> None:
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
-def _has_images(directory: str) -> bool:
-    """Whether tfds's ImageFolder finds an image in `directory` (it reads these three formats)."""
-    return os.path.isdir(directory) and any(f.lower().endswith((".jpg", ".jpeg", ".png"))
-                                            for f in os.listdir(directory))
-
-
 def warn_missing_classes(where: str, class_names: Sequence[str],
                          present: Dict[str, set]) -> Dict[str, List[str]]:
     """Warns of each split that has no images of some classes; returns {split: missing}.
@@ -193,10 +188,97 @@ def warn_missing_classes(where: str, class_names: Sequence[str],
     return missing
 
 
+IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".gif", ".bmp")  # what preprocessing.decode_image reads
+
+
+def list_image_folder(root: str, folders: Optional[Sequence[str]] = None):
+    """(class names, {folder: [(image path, class name)] sorted}) of a `folder/class/image` tree.
+
+    `folders`: the split folders to read (default every one). The classes are the
+    union over them; a folder lacking some is warned of (`warn_missing_classes`).
+    Files of other extensions are left out.
+    """
+    if not os.path.isdir(root):
+        raise FileNotFoundError(f"image_dir {root} is not a directory")
+    if folders is None:
+        folders = sorted(d for d in os.listdir(root) if os.path.isdir(os.path.join(root, d)))
+    files, classes = {}, set()
+    for folder in folders:
+        entries = []
+        for label in sorted(os.listdir(os.path.join(root, folder))):
+            label_dir = os.path.join(root, folder, label)
+            if not os.path.isdir(label_dir):
+                continue
+            classes.add(label)
+            entries += [(os.path.join(label_dir, f), label) for f in sorted(os.listdir(label_dir))
+                        if f.lower().endswith(IMAGE_EXTENSIONS)]
+        files[folder] = entries
+    class_names = sorted(classes)
+    warn_missing_classes(f"image_dir {root}", class_names,
+                         {folder: {label for _, label in entries} for folder, entries in files.items()})
+    return class_names, files
+
+
+@dataclasses.dataclass
+class ImageFolderSource:
+    """A `split/class/image` tree with the interface of `Source`.
+
+    Reads the formats serving does (JPEG, PNG, GIF, BMP; tfds's ImageFolder reads only
+    JPEG and PNG and skips the rest without a word). Each split's files are in a fixed
+    shuffled order, so that a shuffle buffer smaller than the split still mixes classes
+    and evaluation results line up with `image/filename` ids run after run.
+    """
+
+    root: str
+    image_key: str = "image"
+    label_key: str = "label"
+    id_key: str = "image/filename"
+
+    def __post_init__(self):
+        self.class_names, files = list_image_folder(self.root)
+        index = {name: i for i, name in enumerate(self.class_names)}
+        self._files = {}
+        for split, entries in files.items():
+            order = np.random.RandomState(zlib.crc32(split.encode())).permutation(len(entries))
+            self._files[split] = [(entries[i][0], index[entries[i][1]]) for i in order]
+
+    @property
+    def name(self) -> str:
+        return f"image_folder:{self.root}"
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.class_names)
+
+    @property
+    def splits(self) -> dict:
+        return {split: len(entries) for split, entries in self._files.items()}
+
+    def num_examples(self, split: str) -> int:
+        if split not in self._files:
+            raise ValueError(f"{self.name} has no split {split!r} (it has {sorted(self._files)}; "
+                             "an image folder's splits are its folders, and take no slices)")
+        return len(self._files[split])
+
+    def raw(self, split: str, shuffle_files: bool = False, seed: Optional[int] = None) -> tf.data.Dataset:
+        self.num_examples(split)
+        paths = [p for p, _ in self._files[split]]
+        ds = tf.data.Dataset.from_tensor_slices(
+            (tf.constant(paths, tf.string), tf.constant([label for _, label in self._files[split]], tf.int64),
+             tf.constant([os.path.relpath(p, self.root) for p in paths], tf.string)))
+        if shuffle_files:  # paths only: cheap, and a different order each pass
+            ds = ds.shuffle(len(paths), seed=seed, reshuffle_each_iteration=True)
+
+        def read(path, label, relpath):
+            return {self.image_key: tf.io.read_file(path), self.label_key: label, self.id_key: relpath}
+
+        return ds.map(read, num_parallel_calls=AUTOTUNE, deterministic=not shuffle_files)
+
+
 def open_source(dataset: Optional[str] = "fashion_mnist_local", data_dir: Optional[str] = None,
                 image_dir: Optional[str] = None, image_key: Optional[str] = None,
-                label_key: Optional[str] = None) -> Source:
-    """Prepares a TFDS dataset (or reads an image folder) and returns it as a Source.
+                label_key: Optional[str] = None):
+    """Prepares a TFDS dataset as a `Source`, or lists an image folder as an `ImageFolderSource`.
 
     Args:
       dataset: a TFDS name, with an optional config (`fashion_mnist_local/mini`).
@@ -205,14 +287,7 @@ def open_source(dataset: Optional[str] = "fashion_mnist_local", data_dir: Option
       image_key, label_key: feature names; default the dataset's supervised keys.
     """
     if image_dir is not None:
-        if not os.path.isdir(image_dir):
-            raise FileNotFoundError(f"image_dir {image_dir} is not a directory")
-        builder = tfds.folder_dataset.ImageFolder(image_dir)
-        names = list(builder.info.features["label"].names)
-        present = {split: {c for c in names if _has_images(os.path.join(image_dir, split, c))}
-                   for split in builder.info.splits}
-        warn_missing_classes(f"image_dir {image_dir}", names, present)
-        return Source(f"image_folder:{image_dir}", builder, "image", "label", "image/filename")
+        return ImageFolderSource(image_dir)
     try:
         builder = tfds.builder(dataset, data_dir=data_dir)
     except tfds.core.registered.DatasetNotFoundError as e:

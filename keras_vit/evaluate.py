@@ -34,7 +34,8 @@ def define_flags():
                          "default the checkpoint's.")
     flags.DEFINE_string("dataset", "fashion_mnist_local", "TFDS name (optionally name/config).")
     flags.DEFINE_string("data_dir", None, "TFDS data directory.")
-    flags.DEFINE_string("image_dir", None, "An image-folder tree (split/label/*.jpg) instead of --dataset.")
+    flags.DEFINE_string("image_dir", None,
+                        "A split/label/image folder (JPEG, PNG, GIF, BMP) instead of --dataset.")
     flags.DEFINE_string("train_split", "train", "Split the shots are drawn from.")
     flags.DEFINE_string("test_split", None, "Split to score on (default: test, else validation).")
     flags.DEFINE_list("shots", ["1", "5", "10", "25"], "Training examples per class, one evaluation each.")

@@ -32,7 +32,8 @@ def define_flags():
     register_json_object_flag("model_overrides")
     flags.DEFINE_string("dataset", "fashion_mnist_local", "TFDS name (optionally name/config).")
     flags.DEFINE_string("data_dir", None, "TFDS data directory.")
-    flags.DEFINE_string("image_dir", None, "An image-folder tree (split/label/*.jpg) instead of --dataset.")
+    flags.DEFINE_string("image_dir", None,
+                        "A split/label/image folder (JPEG, PNG, GIF, BMP) instead of --dataset.")
     flags.DEFINE_string("train_split", "train", "TFDS split to train on, e.g. 'train[:90%]'.")
     flags.DEFINE_string("eval_split", None, "Split to evaluate on (default: test, else validation).")
     flags.DEFINE_integer("image_size", 224, "Training resolution (a multiple of the patch stride).")

@@ -27,7 +27,6 @@ from pipeline import dedup
 IMAGE, LABEL, LABEL_NAME, SOURCE_ID, HASH = "image", "label", "label_name", "source_id", "hash"
 SPLITS = ("train", "eval", "test")
 _EVAL_NAMES = ("validation", "eval", "val")
-IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".gif", ".bmp")
 
 
 def make_example(image: bytes, label: int, label_name: str, source_id: str,
@@ -158,30 +157,18 @@ def tfds_class_names(builder):
 
 def image_folder_layout(root: str):
     """(output split -> source folder, class names, split folder -> [(path, label name)])."""
+    from keras_vit.data import IMAGE_EXTENSIONS, list_image_folder
+
     if not os.path.isdir(root):
         raise FileNotFoundError(f"image_dir {root} is not a directory")
     folders = sorted(d for d in os.listdir(root) if os.path.isdir(os.path.join(root, d)))
     if "train" not in folders:
         raise ValueError(f"image_dir {root} needs a train/ folder (it has {folders})")
     splits = output_splits(folders, f"image_dir {root}")
-    files, labels = {}, set()
-    for folder in splits.values():
-        entries = []
-        for label in sorted(os.listdir(os.path.join(root, folder))):
-            label_dir = os.path.join(root, folder, label)
-            if not os.path.isdir(label_dir):
-                continue
-            labels.add(label)
-            entries += [(os.path.join(label_dir, f), label) for f in sorted(os.listdir(label_dir))
-                        if f.lower().endswith(IMAGE_EXTENSIONS)]
-        files[folder] = entries
+    class_names, files = list_image_folder(root, list(splits.values()))
     if not files["train"]:
         raise ValueError(f"image_dir {root}/train holds no images ({', '.join(IMAGE_EXTENSIONS)})")
-    from keras_vit.data import warn_missing_classes
-
-    warn_missing_classes(f"image_dir {root}", sorted(labels),
-                         {folder: {label for _, label in entries} for folder, entries in files.items()})
-    return splits, sorted(labels), files
+    return splits, class_names, files
 
 
 def _read_image_file(entry, root: str, class_index: Dict[str, int]) -> tf.train.Example:

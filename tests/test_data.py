@@ -146,6 +146,35 @@ def test_image_folder(tmp_path):
     assert images.shape == (12, 16, 16, 3) and set(labels.numpy()) == {0, 1}
 
 
+def test_an_image_folder_reads_every_format_serving_reads_in_a_fixed_mixed_order(tmp_path):
+    rng = np.random.RandomState(1)
+    written = {}
+    for i in range(24):
+        label, fmt = ("cat", "dog", "eel")[i % 3], ("PNG", "JPEG", "GIF", "BMP")[i % 4]
+        path = tmp_path / "train" / label / f"{i:02d}.{fmt.lower().replace('jpeg', 'jpg')}"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        Image.fromarray(rng.randint(0, 255, (12, 10, 3), dtype=np.uint8)).save(path, fmt)
+        written[os.path.relpath(path, tmp_path)] = label
+    (tmp_path / "train" / "cat" / "notes.txt").write_text("not an image")
+    source = data.open_source(image_dir=str(tmp_path))
+    assert source.class_names == ["cat", "dog", "eel"] and source.splits == {"train": 24}
+    records = [(ex["image/filename"].numpy().decode(), int(ex["label"])) for ex in source.raw("train")]
+    # .gif and .bmp included (tfds's ImageFolder skipped them), each under its class.
+    assert {r: source.class_names[c] for r, c in records} == written
+    labels = [c for _, c in records]
+    assert labels != sorted(labels)  # not class after class: a small shuffle buffer still mixes them
+    assert records == [(ex["image/filename"].numpy().decode(), int(ex["label"]))
+                       for ex in data.open_source(image_dir=str(tmp_path)).raw("train")]
+    shuffled = [ex["image/filename"].numpy().decode()
+                for ex in source.raw("train", shuffle_files=True, seed=3)]
+    assert sorted(shuffled) == sorted(written) and shuffled != [r for r, _ in records]
+    images, batch_labels = next(iter(data.make_dataset(source, "train", image_size=8, batch_size=24,
+                                                       training=False)))
+    assert images.shape == (24, 8, 8, 3) and batch_labels.numpy().tolist() == labels
+    with pytest.raises(ValueError, match=r"has no split 'train\[:50%\]' \(it has \['train'\]; an image"):
+        source.num_examples("train[:50%]")
+
+
 def test_an_image_folder_split_without_some_classes_is_warned_of(tmp_path, caplog):
     root = make_image_folder(tmp_path)
     os.makedirs(os.path.join(root, "test", "fox"))
