@@ -163,6 +163,7 @@ def test_an_image_folder_reads_every_format_serving_reads_in_a_fixed_mixed_order
     assert {r: source.class_names[c] for r, c in records} == written
     labels = [c for _, c in records]
     assert labels != sorted(labels)  # not class after class: a small shuffle buffer still mixes them
+    assert data.labels(source, "train").tolist() == labels  # from the listing, not a read of every file
     assert records == [(ex["image/filename"].numpy().decode(), int(ex["label"]))
                        for ex in data.open_source(image_dir=str(tmp_path)).raw("train")]
     shuffled = [ex["image/filename"].numpy().decode()
