@@ -1,4 +1,4 @@
-"""What the command-line tools share: a JSON flag check and how a bad config is reported."""
+"""What the command-line tools share: a JSON flag check, how a bad config is reported, model loading."""
 
 from __future__ import annotations
 
@@ -26,3 +26,14 @@ def register_json_object_flag(name: str) -> None:
 def exit_for_bad_config(message: str) -> None:
     """Exits with status 1 as absl does for a bad flag, without its full usage text."""
     sys.exit(f"{message}\nPass --helpshort or --helpfull to see help on flags.")
+
+
+def load_model_or_exit(path: str, image_size=None):
+    """`keras_vit.load_model`, with a missing or unreadable model file reported as a bad
+    `--model` flag rather than a traceback."""
+    from keras_vit.vit import load_model
+
+    try:
+        return load_model(path, image_size)
+    except (FileNotFoundError, ValueError, TypeError) as e:  # CheckpointError is a ValueError
+        exit_for_bad_config(f"--model={path}: {e}")

@@ -116,9 +116,8 @@ def evaluate(model, source, train_split, test_split, shots, seeds, test_examples
 def main(argv):
     del argv
     from keras_vit import data
-    from keras_vit.cli import exit_for_bad_config
+    from keras_vit.cli import exit_for_bad_config, load_model_or_exit
     from keras_vit.training import precision
-    from keras_vit.vit import load_model
 
     data.quiet_info_logs()
     started = time.time()
@@ -135,7 +134,7 @@ def main(argv):
                 raise ValueError(f"--{name}={split}: {e}") from e
     except (ValueError, FileNotFoundError) as e:
         exit_for_bad_config(str(e))
-    model = load_model(FLAGS.model, FLAGS.image_size)
+    model = load_model_or_exit(FLAGS.model, FLAGS.image_size)
     policy = precision.resolve_precision(FLAGS.precision)
     if policy != precision.model_policy(model):
         model = precision.with_policy(model, policy)

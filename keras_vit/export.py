@@ -269,9 +269,9 @@ def main(argv):
     del argv
     quiet_info_logs()
     from keras_vit.checkpoints import checkpoint_class_names
-    from keras_vit.vit import load_model
+    from keras_vit.cli import load_model_or_exit
 
-    model = load_model(FLAGS.model, FLAGS.image_size)
+    model = load_model_or_exit(FLAGS.model, FLAGS.image_size)
     if FLAGS.precision is not None:
         policy = precision.resolve_precision(FLAGS.precision)
         if policy != precision.model_policy(model):

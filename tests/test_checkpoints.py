@@ -260,3 +260,18 @@ def test_inspect_checkpoint_prints_names_and_shapes():
     assert any("Transformer/posembed_input/pos_embedding" in line and "(1, 65, 64)" in line for line in lines)
     hf = keras_vit.inspect_checkpoint(HF_CLF, print_fn=lambda s: None)
     assert hf["embedding/kernel"] == (8, 8, 3, 64)
+
+
+def test_the_command_lines_report_a_model_they_cannot_read_as_a_bad_flag(tmp_path):
+    from keras_vit.cli import load_model_or_exit
+
+    np.savez(tmp_path / "weights.npz", something=np.zeros(3))
+    keras_vit.create_model(None, weights=data_path("vit_tiny_token_rep.npz")).save(tmp_path / "m.keras")
+    for path, size, message in [(tmp_path / "none.keras", None, "no model at"),
+                                (tmp_path / "weights.npz", None, "not a ViT checkpoint"),
+                                (tmp_path / "m.keras", 64, "image_size applies to checkpoints")]:
+        with pytest.raises(SystemExit) as exit_:
+            load_model_or_exit(str(path), size)
+        text = str(exit_.value.code)
+        assert text.startswith(f"--model={path}: ") and message in text and "--helpshort" in text
+    assert load_model_or_exit(str(tmp_path / "m.keras")).config.hidden_size == 64

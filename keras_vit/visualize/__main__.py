@@ -69,12 +69,12 @@ def _check_usage(commands) -> None:
 def main(argv):
     commands = argv[1:]
     _check_usage(commands)  # before the imports below, which load TensorFlow
-    from keras_vit import load_model
     from keras_vit import visualize as vis
+    from keras_vit.cli import load_model_or_exit
     from keras_vit.data import quiet_info_logs
 
     quiet_info_logs()
-    model = load_model(FLAGS.model, FLAGS.image_size)
+    model = load_model_or_exit(FLAGS.model, FLAGS.image_size)
     cfg = model.config
     print(f"Model {cfg.name}: {cfg.num_layers} blocks x {cfg.num_heads} heads, grid {cfg.grid_size[0]}x"
           f"{cfg.grid_size[1]}, position embedding {cfg.position_embedding}", flush=True)
