@@ -23,6 +23,18 @@ def register_json_object_flag(name: str) -> None:
     flags.register_validator(name, check)
 
 
+def register_shots_flag(name: str) -> None:
+    """Makes absl refuse list flag `name` unless it holds positive whole numbers."""
+
+    def check(values):
+        try:
+            return bool(values) and all(int(v) >= 1 for v in values)
+        except ValueError:
+            return False
+
+    flags.register_validator(name, check, message="must be a list of positive whole numbers")
+
+
 def exit_for_bad_config(message: str) -> None:
     """Exits with status 1 as absl does for a bad flag, without its full usage text."""
     sys.exit(f"{message}\nPass --helpshort or --helpfull to see help on flags.")

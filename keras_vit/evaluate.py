@@ -25,6 +25,7 @@ FLAGS = flags.FLAGS
 
 
 def define_flags():
+    from keras_vit.cli import register_shots_flag
     from keras_vit.training import PRECISIONS
 
     flags.DEFINE_string("model", None, "A .keras file, an official .npz or a Hugging Face ViT directory.",
@@ -53,64 +54,18 @@ def define_flags():
                       "Dtype policy of the forward pass; auto picks bf16 on bf16 hardware.")
     flags.DEFINE_integer("seed", 0, "Seed of the test and probe subsets.")
     flags.DEFINE_string("output_json", None, "Also write the results to this JSON file.")
-
-    def positive_ints(values):
-        try:
-            return bool(values) and all(int(v) >= 1 for v in values)
-        except ValueError:
-            return False
-
-    flags.register_validator("shots", positive_ints, message="must be a list of positive whole numbers")
-
-
-def _features(extractor, config, source, split, positions, batch_size):
-    """Features `[n, D]` and labels `[n]` of the records at `positions` (ascending)."""
-    from keras_vit import data, evaluation
-
-    ds = data.make_dataset(source, split, image_size=config.image_size, batch_size=batch_size,
-                           training=False, channels=config.num_channels, examples=positions)
-    return evaluation.extract_features(extractor, ds, progress=True)
+    register_shots_flag("shots")
 
 
 def evaluate(model, source, train_split, test_split, shots, seeds, test_examples=None,
              linear_probe_examples=0, l2_reg=2.0 ** 10, batch_size=64, seed=0, log=print):
-    """{"fewshot": {shots: {"mean", "std"}}, "linear_probe": accuracy or None, counts...}."""
-    import numpy as np
+    """`keras_vit.evaluation.FewShotPlan(...).run(model)`: {"fewshot": {shots: {"mean", "std"}},
+    "linear_probe": accuracy or None, counts}."""
+    from keras_vit.evaluation import FewShotPlan
 
-    from keras_vit import data, evaluation
-
-    rng = np.random.RandomState(seed)
-    train_y = data.labels(source, train_split)
-    draws = evaluation.fewshot_draws(train_y, shots, range(seeds))
-    probe = (np.sort(rng.choice(len(train_y), min(linear_probe_examples, len(train_y)), replace=False))
-             if linear_probe_examples else np.zeros(0, np.int64))
-    wanted = np.unique(np.concatenate([*draws.values(), probe]))
-    n_test = source.num_examples(test_split)
-    test_pos = (np.sort(rng.choice(n_test, test_examples, replace=False))
-                if test_examples and test_examples < n_test else np.arange(n_test))
-
-    log(f"Features of {len(wanted)} {train_split} images (the shots' draws"
-        f"{' and the probe' if len(probe) else ''}) and {len(test_pos)} {test_split} images ...")
-    extractor = model.feature_extractor()  # one for both passes: one traced predict function
-    train_x, _ = _features(extractor, model.config, source, train_split, wanted, batch_size)
-    test_x, test_y = _features(extractor, model.config, source, test_split, test_pos, batch_size)
-    unseen = sorted(set(np.unique(test_y)) - set(np.unique(train_y)))
-    if unseen:
-        names = [source.class_names[c] for c in unseen]
-        log(f"Warning: {test_split} holds classes with no {train_split} examples, scored as wrong: {names}")
-
-    def lookup(idx):
-        return train_x[np.searchsorted(wanted, idx)]
-
-    fewshot = evaluation.fewshot_accuracy(lookup, train_y, test_x, test_y, shots=shots, seeds=range(seeds),
-                                          l2_reg=l2_reg, num_classes=source.num_classes)
-    out = {"fewshot": {k: {"mean": m, "std": s} for k, (m, s) in sorted(fewshot.items())},
-           "linear_probe": None, "seeds": seeds, "test_examples": int(len(test_pos)),
-           "feature_dim": int(train_x.shape[1])}
-    if len(probe):
-        out["linear_probe"] = evaluation.linear_probe(lookup(probe), train_y[probe], test_x, test_y)
-        out["linear_probe_examples"] = int(len(probe))
-    return out
+    plan = FewShotPlan(source, train_split, test_split, shots, seeds, test_examples, linear_probe_examples,
+                       seed)
+    return plan.run(model, batch_size, l2_reg, log=log)
 
 
 def main(argv):

@@ -174,6 +174,84 @@ def fewshot_accuracy(train_x: Union[np.ndarray, Callable[[np.ndarray], np.ndarra
     return {k: (float(np.mean(a)), float(np.std(a))) for k, a in accs.items()}
 
 
+class FewShotPlan:
+    """Which images a few-shot evaluation reads, fixed once, then run on any model (or on
+    one model as it trains, `keras_vit.training.FewShotCallback`).
+
+    Reads the splits' labels (no image) and draws the shots on construction, so a split
+    too small for the shots fails here, before any forward pass. Only the drawn training
+    images (at most shots x classes x seeds) and the test subset go through a model.
+
+    Args:
+      source: a `keras_vit.data` source; `train_split` gives the shots, `test_split` the score.
+      shots, seeds: shot counts, and draws of each (seeds 0 .. seeds-1).
+      test_examples: a random subset of the test split (default all of it).
+      linear_probe_examples: random training images for a logistic-regression probe (0: none).
+      seed: of the test and probe subsets.
+    """
+
+    def __init__(self, source, train_split: str, test_split: str, shots: Iterable[int] = (1, 5, 10, 25),
+                 seeds: int = 3, test_examples: Optional[int] = None, linear_probe_examples: int = 0,
+                 seed: int = 0):
+        from keras_vit import data
+
+        if seeds < 1:
+            raise ValueError(f"seeds must be >= 1, got {seeds}")
+        self.source, self.train_split, self.test_split = source, train_split, test_split
+        self.shots, self.seeds = [int(k) for k in shots], int(seeds)
+        rng = np.random.RandomState(seed)
+        self.train_y = data.labels(source, train_split)
+        self.draws = fewshot_draws(self.train_y, self.shots, range(self.seeds))
+        self.probe = (np.sort(rng.choice(len(self.train_y), min(linear_probe_examples, len(self.train_y)),
+                                         replace=False))
+                      if linear_probe_examples else np.zeros(0, np.int64))
+        self.wanted = np.unique(np.concatenate([*self.draws.values(), self.probe]))
+        n_test = source.num_examples(test_split)
+        self.test_positions = (np.sort(rng.choice(n_test, test_examples, replace=False))
+                               if test_examples and test_examples < n_test else np.arange(n_test))
+        test_y = data.labels(source, test_split)[self.test_positions]
+        unseen = set(test_y.tolist()) - set(self.train_y.tolist())
+        self.unseen = [source.class_names[c] for c in sorted(unseen)]
+
+    def _features(self, extractor, model, split, positions, batch_size, progress):
+        from keras_vit import data
+
+        shape = model.inputs[0].shape
+        ds = data.make_dataset(self.source, split, image_size=tuple(shape[1:3]), batch_size=batch_size,
+                               training=False, channels=int(shape[-1]), examples=positions)
+        return extract_features(extractor, ds, progress=progress)
+
+    def run(self, model, batch_size: int = 64, l2_reg: float = DEFAULT_L2, log=print,
+            progress: bool = True) -> dict:
+        """{"fewshot": {shots: {"mean", "std"}}, "linear_probe": accuracy or None, counts} of `model`'s
+        pre-logits features (a keras_vit model's `feature_extractor()`, else its outputs)."""
+        log(f"Features of {len(self.wanted)} {self.train_split} images (the shots' draws"
+            f"{' and the probe' if len(self.probe) else ''}) and {len(self.test_positions)} "
+            f"{self.test_split} images ...")
+        if self.unseen:
+            log(f"Warning: {self.test_split} holds classes with no {self.train_split} examples, scored as "
+                f"wrong: {self.unseen}")
+        # One extractor for both passes: one traced predict function.
+        extractor = model.feature_extractor() if hasattr(model, "feature_extractor") else model
+        train_x, _ = self._features(extractor, model, self.train_split, self.wanted, batch_size, progress)
+        test_x, test_y = self._features(extractor, model, self.test_split, self.test_positions, batch_size,
+                                        progress)
+
+        def lookup(idx):
+            return train_x[np.searchsorted(self.wanted, idx)]
+
+        fewshot = fewshot_accuracy(lookup, self.train_y, test_x, test_y, shots=self.shots,
+                                   seeds=range(self.seeds), l2_reg=l2_reg,
+                                   num_classes=self.source.num_classes)
+        out = {"fewshot": {k: {"mean": m, "std": s} for k, (m, s) in sorted(fewshot.items())},
+               "linear_probe": None, "seeds": self.seeds, "test_examples": int(len(self.test_positions)),
+               "feature_dim": int(train_x.shape[1])}
+        if len(self.probe):
+            out["linear_probe"] = linear_probe(lookup(self.probe), self.train_y[self.probe], test_x, test_y)
+            out["linear_probe_examples"] = int(len(self.probe))
+        return out
+
+
 def linear_probe(train_x, train_y, test_x, test_y, c: float = 1.0, max_iter: int = 1000) -> float:
     """Test accuracy of a multinomial logistic regression on frozen, standardised features."""
     from sklearn.linear_model import LogisticRegression

@@ -24,7 +24,7 @@ FLAGS = flags.FLAGS
 
 
 def define_flags():
-    from keras_vit.cli import register_json_object_flag
+    from keras_vit.cli import register_json_object_flag, register_shots_flag
     from keras_vit.training import PRECISIONS, RECIPES, STRATEGIES
 
     flags.DEFINE_string("model", "ViT-Ti/16", "Registered model name, or a ViTConfig JSON file.")
@@ -60,6 +60,11 @@ def define_flags():
     flags.DEFINE_integer("grad_accum", 1, "Gradient accumulation: micro-batches per update.")
     flags.DEFINE_integer("checkpoint_every", None, "Steps between checkpoints (default: one pass).")
     flags.DEFINE_integer("eval_every", 1, "Validate every N checkpoints; 0: only at the end.")
+    flags.DEFINE_integer("fewshot_every", 0,
+                         "Few-shot accuracy of the features on the eval split after the first checkpoint, "
+                         "every N and the last, logged as fewshot_<k>shot (0: never).")
+    flags.DEFINE_list("fewshot_shots", ["1", "5", "10", "25"], "Shot counts for --fewshot_every.")
+    register_shots_flag("fewshot_shots")
     flags.DEFINE_string("output_dir", "runs/vit", "Where the model, logs and metrics go.")
     flags.DEFINE_string("export_dir", None, "Also export a TF Serving SavedModel under this base dir.")
     flags.DEFINE_integer("seed", 0, "Random seed.")
@@ -92,7 +97,8 @@ def main(argv):
         jit_compile=FLAGS.jit_compile, gradient_accumulation_steps=FLAGS.grad_accum,
         checkpoint_every=FLAGS.checkpoint_every, output_dir=FLAGS.output_dir, seed=FLAGS.seed,
         cache=FLAGS.cache, deterministic=FLAGS.deterministic, skip_bad_records=FLAGS.skip_bad_records,
-        crop_area_min=FLAGS.crop_area_min, eval_every=FLAGS.eval_every,
+        crop_area_min=FLAGS.crop_area_min, eval_every=FLAGS.eval_every, fewshot_every=FLAGS.fewshot_every,
+        fewshot_shots=tuple(int(k) for k in FLAGS.fewshot_shots),
         # A progress bar redraws itself with escape codes: a log file gets one line per chunk.
         verbose=1 if sys.stdout.isatty() else 2)
     try:
@@ -103,6 +109,9 @@ def main(argv):
     paths = summary["paths"]
     print(f"eval {summary['eval_split']}: top-1 {summary['eval_top1']:.4f}, top-5 {summary['eval_top5']:.4f} "
           f"after {summary['steps']} steps in {summary['train_seconds']:.0f} s")
+    if "fewshot" in summary:
+        print("few-shot on " + summary["eval_split"] + ": "
+              + ", ".join(f"{k}-shot {v['mean']:.4f}" for k, v in summary["fewshot"].items()))
     print(f"Model: {paths['model']}\nLogs (TensorBoard): {paths['logs']}\nHistory: {paths['history']}\n"
           f"Metrics: {paths['metrics']}")
     if FLAGS.export_dir:

@@ -486,3 +486,50 @@ def test_mixed_precision_and_xla_train(policy, jit):
     assert np.isfinite(history.history["loss"]).all()
     assert model(x).dtype == "float32"
     assert not np.allclose(model.head.kernel.numpy(), 0)
+
+
+def test_fewshot_runs_after_the_first_chunk_of_each_fit_every_nth_and_the_last():
+    from keras_vit.training import FewShotCallback
+
+    class Plan:
+        def __init__(self):
+            self.ran = []
+
+        def run(self, model, batch_size, l2_reg, log, progress):
+            self.ran.append(len(self.ran))
+            return {"fewshot": {1: {"mean": 0.5, "std": 0.0}, 5: {"mean": 0.75, "std": 0.1}}}
+
+    plan = Plan()
+    callback = FewShotCallback(plan, every=4)
+    callback.set_params({"epochs": 10})
+    evaluated = []
+    for start in (0, 5):  # a run killed after epoch 5, then resumed there
+        callback.on_train_begin()
+        for epoch in range(start, 10 if start else 5):
+            logs = {"loss": 1.0}
+            callback.on_epoch_end(epoch, logs)
+            if "fewshot_1shot" in logs:
+                evaluated.append(epoch + 1)
+                assert logs["fewshot_5shot"] == 0.75
+    assert evaluated == [1, 4, 6, 8, 10]
+    with pytest.raises(ValueError, match="every must be >= 1"):
+        FewShotCallback(plan, every=0)
+
+
+def test_a_run_logs_fewshot_scores_and_refuses_shots_its_data_cannot_give(fake_fmnist, tmp_path):
+    cfg = _small_run(tmp_path / "run", data_dir=fake_fmnist, steps=4, checkpoint_every=1, fewshot_every=3,
+                     fewshot_shots=(1, 2), fewshot_test_examples=20)
+    summary = train(cfg)
+    assert sorted(summary["fewshot"]) == [1, 2] and 0 <= summary["fewshot"][2]["mean"] <= 1
+    with open(summary["paths"]["history"]) as f:
+        rows = [line.strip().split(",") for line in f]
+    column = rows[0].index("fewshot_1shot")
+    assert [row[column] != "NA" for row in rows[1:]] == [True, False, True, True]  # first, 3rd, last
+    with open(summary["paths"]["metrics"]) as f:
+        assert json.load(f)["fewshot"]["2"]["mean"] == summary["fewshot"][2]["mean"]
+    too_many = dataclasses.replace(cfg, output_dir=str(tmp_path / "run2"), fewshot_shots=(20,))
+    with pytest.raises(ConfigError, match=r"fewshot_shots \(20,\): class 0 has 10 examples, fewer than 20"):
+        train(too_many)
+    assert not (tmp_path / "run2" / "model.keras").exists()
+    with pytest.raises(ConfigError, match="fewshot_every must be >= 0"):
+        dataclasses.replace(cfg, fewshot_every=-1).validate()

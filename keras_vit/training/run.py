@@ -14,12 +14,14 @@ import math
 import os
 import time
 import warnings
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
 import keras
 
 from keras_vit import configs, data
+from keras_vit.evaluation import FewShotPlan
 from keras_vit.training import distribute, precision, recipes
+from keras_vit.training.fewshot import FewShotCallback
 
 
 RUN_IDENTITY = "run.json"  # in the backup directory: what its checkpoints are of
@@ -66,6 +68,9 @@ class TrainConfig:
     skip_bad_records: bool = False
     crop_area_min: float = 0.05
     eval_every: int = 1  # validate every N chunks; 0: only after the last
+    fewshot_every: int = 0  # few-shot on eval_split after the first chunk, every N and the last; 0: never
+    fewshot_shots: Tuple[int, ...] = (1, 5, 10, 25)
+    fewshot_test_examples: int = 1000  # a fixed random subset of eval_split
     verbose: int = 1
 
     def recipe_obj(self) -> recipes.Recipe:
@@ -101,6 +106,12 @@ class TrainConfig:
              f"checkpoint_every must be >= 1, got {self.checkpoint_every}")
         need(self.eval_every >= 0, f"eval_every must be >= 0 (0: only at the end), got {self.eval_every}")
         need(0 < self.crop_area_min <= 1, f"crop_area_min must be in (0, 1], got {self.crop_area_min}")
+        need(self.fewshot_every >= 0, f"fewshot_every must be >= 0 (0: never), got {self.fewshot_every}")
+        if self.fewshot_every:
+            need(len(self.fewshot_shots) > 0 and all(int(k) >= 1 for k in self.fewshot_shots),
+                 f"fewshot_shots must be positive shot counts, got {self.fewshot_shots}")
+            need(self.fewshot_test_examples >= 1,
+                 f"fewshot_test_examples must be >= 1, got {self.fewshot_test_examples}")
         try:
             recipe = self.recipe_obj()
         except ValueError as e:
@@ -194,6 +205,13 @@ def train(cfg: TrainConfig, source=None, build_model=None) -> dict:
     train_examples = source.num_examples(cfg.train_split)
     if not train_examples:
         raise ValueError(f"{source.name} {cfg.train_split} has no records to train on")
+    fewshot_plan = None
+    if cfg.fewshot_every:
+        try:  # draws the shots now: a split too small for them fails before training
+            fewshot_plan = FewShotPlan(source, cfg.train_split, eval_split, cfg.fewshot_shots,
+                                       test_examples=cfg.fewshot_test_examples, seed=cfg.seed)
+        except ValueError as e:
+            raise ConfigError(f"bad training config:\n  fewshot_shots {tuple(cfg.fewshot_shots)}: {e}") from e
     if cfg.steps:
         total_updates = int(cfg.steps)
     else:
@@ -252,6 +270,9 @@ def train(cfg: TrainConfig, source=None, build_model=None) -> dict:
                                 batch_size=max(micro_batch, 64), training=False, channels=channels,
                                 cache=cfg.cache, deterministic=cfg.deterministic)
     callbacks = [
+        # First, so that the loggers below record its scores.
+        *([FewShotCallback(fewshot_plan, every=cfg.fewshot_every, batch_size=max(micro_batch, 64))]
+          if fewshot_plan else []),
         keras.callbacks.BackupAndRestore(paths["backup"], save_freq="epoch", delete_checkpoint=False),
         keras.callbacks.TensorBoard(paths["logs"], update_freq=max(chunk // 10, 1)),
         keras.callbacks.CSVLogger(paths["history"], append=True),
@@ -296,6 +317,8 @@ def train(cfg: TrainConfig, source=None, build_model=None) -> dict:
                "steps": total_updates, "batch_size": recipe.batch_size, "precision": policy,
                "train_seconds": round(seconds, 1), "skipped_records": stats.skipped_count,
                **{f"eval_{k}": v for k, v in results.items()}, "paths": paths}
+    if fewshot_plan is not None and callbacks[0].last is not None:
+        summary["fewshot"] = callbacks[0].last["fewshot"]
     with open(paths["metrics"], "w") as f:
         json.dump(summary, f, indent=2)
     summary["model_obj"] = model
