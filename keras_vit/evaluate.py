@@ -57,21 +57,11 @@ def define_flags():
     register_shots_flag("shots")
 
 
-def evaluate(model, source, train_split, test_split, shots, seeds, test_examples=None,
-             linear_probe_examples=0, l2_reg=2.0 ** 10, batch_size=64, seed=0, log=print):
-    """`keras_vit.evaluation.FewShotPlan(...).run(model)`: {"fewshot": {shots: {"mean", "std"}},
-    "linear_probe": accuracy or None, counts}."""
-    from keras_vit.evaluation import FewShotPlan
-
-    plan = FewShotPlan(source, train_split, test_split, shots, seeds, test_examples, linear_probe_examples,
-                       seed)
-    return plan.run(model, batch_size, l2_reg, log=log)
-
-
 def main(argv):
     del argv
     from keras_vit import data
     from keras_vit.cli import exit_for_bad_config, load_model_or_exit
+    from keras_vit.evaluation import FewShotPlan
     from keras_vit.training import precision
 
     data.quiet_info_logs()
@@ -87,6 +77,9 @@ def main(argv):
                 source.num_examples(split)
             except (ValueError, KeyError) as e:
                 raise ValueError(f"--{name}={split}: {e}") from e
+        # Before the model loads: a class with fewer images than the shots fails here.
+        plan = FewShotPlan(source, FLAGS.train_split, test_split, [int(k) for k in FLAGS.shots], FLAGS.seeds,
+                           FLAGS.test_examples, FLAGS.linear_probe_examples, FLAGS.seed)
     except (ValueError, FileNotFoundError) as e:
         exit_for_bad_config(str(e))
     model = load_model_or_exit(FLAGS.model, FLAGS.image_size)
@@ -95,13 +88,7 @@ def main(argv):
         model = precision.with_policy(model, policy)
     print(f"{FLAGS.model}: {model.config.name} at {model.config.image_size}, {policy}; "
           f"{source.name} {FLAGS.train_split} -> {test_split}", file=sys.stderr)
-    shots = [int(k) for k in FLAGS.shots]
-    try:
-        result = evaluate(model, source, FLAGS.train_split, test_split, shots, FLAGS.seeds,
-                          FLAGS.test_examples, FLAGS.linear_probe_examples, FLAGS.l2_reg, FLAGS.batch_size,
-                          FLAGS.seed, log=lambda m: print(m, file=sys.stderr))
-    except ValueError as e:  # too few examples of a class for the shots, labels out of range
-        exit_for_bad_config(str(e))
+    result = plan.run(model, FLAGS.batch_size, FLAGS.l2_reg, log=lambda m: print(m, file=sys.stderr))
     for k, acc in result["fewshot"].items():
         print(f"{k:>3}-shot: {acc['mean']:.4f} +- {acc['std']:.4f} over {FLAGS.seeds} seeds")
     if result["linear_probe"] is not None:

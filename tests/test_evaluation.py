@@ -11,7 +11,7 @@ import pytest
 import tensorflow as tf
 
 import keras_vit
-from keras_vit import data, evaluate, evaluation
+from keras_vit import data, evaluation
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -158,10 +158,11 @@ def tiny_model(image_size=8):
                                                       image_size=(image_size, image_size)))
 
 
-def test_evaluate_extracts_only_the_drawn_images_and_scores_as_all_features_would(fake_fmnist):
+def test_a_plan_extracts_only_the_drawn_images_and_scores_as_all_features_would(fake_fmnist):
     source = data.open_source("fashion_mnist_local", data_dir=fake_fmnist)
     model, logs = tiny_model(), []
-    result = evaluate.evaluate(model, source, "train", "test", shots=[1, 3], seeds=2, log=logs.append)
+    plan = evaluation.FewShotPlan(source, "train", "test", shots=[1, 3], seeds=2)
+    result = plan.run(model, log=logs.append)
     draws = evaluation.fewshot_draws(data.labels(source, "train"), [1, 3], range(2))
     drawn = len(np.unique(np.concatenate(list(draws.values()))))
     assert drawn < 96 and f"Features of {drawn} train images (the shots' draws) and 48 test" in logs[0]
@@ -179,8 +180,8 @@ def test_evaluate_extracts_only_the_drawn_images_and_scores_as_all_features_woul
         assert (result["fewshot"][k]["mean"], result["fewshot"][k]["std"]) == pytest.approx((mean, std))
     assert result["test_examples"] == 48 and result["linear_probe"] is None
 
-    probed = evaluate.evaluate(model, source, "train", "test", shots=[1], seeds=1, test_examples=20,
-                               linear_probe_examples=40, log=logs.append)
+    probed = evaluation.FewShotPlan(source, "train", "test", shots=[1], seeds=1, test_examples=20,
+                                    linear_probe_examples=40).run(model, log=logs.append)
     assert probed["test_examples"] == 20 and probed["linear_probe_examples"] == 40
     assert 0.0 <= probed["linear_probe"] <= 1.0 and "and the probe" in logs[-1]
 
