@@ -191,6 +191,13 @@ def warn_missing_classes(where: str, class_names: Sequence[str],
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".gif", ".bmp")  # what preprocessing.decode_image reads
 
 
+def image_folder_splits(root: str) -> List[str]:
+    """The split folders (`train`, `test`, ...) of an image folder, sorted."""
+    if not os.path.isdir(root):
+        raise FileNotFoundError(f"image_dir {root} is not a directory")
+    return sorted(d for d in os.listdir(root) if os.path.isdir(os.path.join(root, d)))
+
+
 def list_image_folder(root: str, folders: Optional[Sequence[str]] = None):
     """(class names, {folder: [(image path, class name)] sorted}) of a `folder/class/image` tree.
 
@@ -198,10 +205,8 @@ def list_image_folder(root: str, folders: Optional[Sequence[str]] = None):
     union over them; a folder lacking some is warned of (`warn_missing_classes`).
     Files of other extensions are left out.
     """
-    if not os.path.isdir(root):
-        raise FileNotFoundError(f"image_dir {root} is not a directory")
     if folders is None:
-        folders = sorted(d for d in os.listdir(root) if os.path.isdir(os.path.join(root, d)))
+        folders = image_folder_splits(root)
     files, classes = {}, set()
     for folder in folders:
         entries = []
@@ -302,6 +307,18 @@ def open_source(dataset: Optional[str] = "fashion_mnist_local", data_dir: Option
             raise ValueError(f"{dataset}: feature {key!r} is not a {kind.__name__}; "
                              "pass image_key/label_key for this dataset")
     return Source(dataset, builder, image_key, label_key, "tfds_id")
+
+
+def eval_split(source, split: Optional[str] = None, option: str = "eval_split") -> str:
+    """`split`, or by default the source's test split, else its validation split.
+
+    `option`: what the caller's user sets to name another (a field or a flag), for the error.
+    """
+    found = split or next((s for s in ("test", "validation") if s in source.splits), None)
+    if found is None:
+        raise ValueError(f"{source.name} has no test or validation split to evaluate on (it has "
+                         f"{sorted(source.splits)}); name one with {option}")
+    return found
 
 
 def labels(source, split: str) -> np.ndarray:

@@ -68,10 +68,7 @@ def main(argv):
     started = time.time()
     try:
         source = data.open_source(FLAGS.dataset, data_dir=FLAGS.data_dir, image_dir=FLAGS.image_dir)
-        test_split = FLAGS.test_split or next((s for s in ("test", "validation") if s in source.splits), None)
-        if test_split is None:
-            raise ValueError(f"{source.name} has no test or validation split (it has "
-                             f"{sorted(source.splits)}); name one with --test_split")
+        test_split = data.eval_split(source, FLAGS.test_split, option="--test_split")
         for name, split in (("train_split", FLAGS.train_split), ("test_split", test_split)):
             try:
                 source.num_examples(split)

@@ -58,12 +58,17 @@ def topk_accuracy(logits: np.ndarray, labels: np.ndarray, k: int = 1) -> float:
     return float(np.mean(np.any(top == labels[:, None], axis=-1)))
 
 
+def feature_model(model):
+    """What gives `model`'s frozen features: a keras_vit model's `feature_extractor()`, else itself."""
+    return model.feature_extractor() if hasattr(model, "feature_extractor") else model
+
+
 def extract_features(model, dataset, progress: bool = False) -> Tuple[np.ndarray, np.ndarray]:
     """Frozen pre-logits features `[N, R or D]` and labels `[N]` of a `(images, labels)` dataset.
 
     `progress`: print a line to stderr at each tenth of the batches.
     """
-    extractor = model.feature_extractor() if hasattr(model, "feature_extractor") else model
+    extractor = feature_model(model)
     batches, started = int(dataset.cardinality()), time.time()
     feats, labels = [], []
     for step, (images, y) in enumerate(dataset, 1):
@@ -232,7 +237,7 @@ class FewShotPlan:
             log(f"Warning: {self.test_split} holds classes with no {self.train_split} examples, scored as "
                 f"wrong: {self.unseen}")
         # One extractor for both passes: one traced predict function.
-        extractor = model.feature_extractor() if hasattr(model, "feature_extractor") else model
+        extractor = feature_model(model)
         train_x, _ = self._features(extractor, model, self.train_split, self.wanted, batch_size, progress)
         test_x, test_y = self._features(extractor, model, self.test_split, self.test_positions, batch_size,
                                         progress)

@@ -157,11 +157,9 @@ def tfds_class_names(builder):
 
 def image_folder_layout(root: str):
     """(output split -> source folder, class names, split folder -> [(path, label name)])."""
-    from keras_vit.data import IMAGE_EXTENSIONS, list_image_folder
+    from keras_vit.data import IMAGE_EXTENSIONS, image_folder_splits, list_image_folder
 
-    if not os.path.isdir(root):
-        raise FileNotFoundError(f"image_dir {root} is not a directory")
-    folders = sorted(d for d in os.listdir(root) if os.path.isdir(os.path.join(root, d)))
+    folders = image_folder_splits(root)
     if "train" not in folders:
         raise ValueError(f"image_dir {root} needs a train/ folder (it has {folders})")
     splits = output_splits(folders, f"image_dir {root}")

@@ -196,10 +196,7 @@ def train(cfg: TrainConfig, source=None, build_model=None) -> dict:
     recipe = cfg.recipe_obj()
     if source is None:
         source = data.open_source(cfg.dataset, data_dir=cfg.data_dir, image_dir=cfg.image_dir)
-    eval_split = cfg.eval_split or next((s for s in ("test", "validation") if s in source.splits), None)
-    if eval_split is None:
-        raise ValueError(f"{source.name} has no test or validation split to evaluate on (it has "
-                         f"{sorted(source.splits)}); name one with eval_split")
+    eval_split = data.eval_split(source, cfg.eval_split)
     accum = int(cfg.gradient_accumulation_steps)
     micro_batch = recipe.batch_size // accum
     train_examples = source.num_examples(cfg.train_split)
@@ -269,10 +266,10 @@ def train(cfg: TrainConfig, source=None, build_model=None) -> dict:
     eval_ds = data.make_dataset(source, eval_split, image_size=cfg.image_size,
                                 batch_size=max(micro_batch, 64), training=False, channels=channels,
                                 cache=cfg.cache, deterministic=cfg.deterministic)
+    fewshot = (FewShotCallback(fewshot_plan, every=cfg.fewshot_every, batch_size=max(micro_batch, 64))
+               if fewshot_plan else None)
     callbacks = [
-        # First, so that the loggers below record its scores.
-        *([FewShotCallback(fewshot_plan, every=cfg.fewshot_every, batch_size=max(micro_batch, 64))]
-          if fewshot_plan else []),
+        *([fewshot] if fewshot else []),  # first, so that the loggers below record its scores
         keras.callbacks.BackupAndRestore(paths["backup"], save_freq="epoch", delete_checkpoint=False),
         keras.callbacks.TensorBoard(paths["logs"], update_freq=max(chunk // 10, 1)),
         keras.callbacks.CSVLogger(paths["history"], append=True),
@@ -317,8 +314,8 @@ def train(cfg: TrainConfig, source=None, build_model=None) -> dict:
                "steps": total_updates, "batch_size": recipe.batch_size, "precision": policy,
                "train_seconds": round(seconds, 1), "skipped_records": stats.skipped_count,
                **{f"eval_{k}": v for k, v in results.items()}, "paths": paths}
-    if fewshot_plan is not None and callbacks[0].last is not None:
-        summary["fewshot"] = callbacks[0].last["fewshot"]
+    if fewshot is not None and fewshot.last is not None:
+        summary["fewshot"] = fewshot.last["fewshot"]
     with open(paths["metrics"], "w") as f:
         json.dump(summary, f, indent=2)
     summary["model_obj"] = model
