@@ -4,8 +4,11 @@
 
 The revision's `keras_vit` is exported with `git archive` into a temporary directory
 and imported as `keras_vit_base`. Both models get the same random weights, and their
-calls are interleaved (`measure.side_by_side`), so drift in the machine's load lands
-on both. Prints ms per call and the working tree's speedup. For inference it also
+calls are interleaved (`measure.interleaved_times`), so drift in the machine's load lands
+on both. Prints the fastest call of each in ms and the working tree's speedup: the
+median over rounds of the two calls' ratio, with a 90% bootstrap interval
+(`measure.speedup`). An interval that holds 1.0 is a change not told apart from
+noise; rerun with more `--min_rounds`. For inference it also
 prints the largest logit difference and the top-1 agreement between the two. The
 weights are random, so the logits are nearly tied: read the difference, since top-1
 can flip on a tiny one (especially at batch 1).
@@ -34,7 +37,8 @@ flags.DEFINE_list("precisions", ["float32", "mixed_bfloat16"], "Keras dtype poli
 flags.DEFINE_integer("batch_size", 32, "Images per call.")
 flags.DEFINE_bool("jit", False, "XLA-compile both revisions' calls.")
 flags.DEFINE_integer("image_size", 224, "Resolution.")
-flags.DEFINE_float("min_seconds", 6.0, "Time the pair for at least this long (and 3 calls each).")
+flags.DEFINE_float("min_seconds", 6.0, "Time the pair for at least this long.")
+flags.DEFINE_integer("min_rounds", 20, "Calls of each at least (each round calls both).", lower_bound=3)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -103,16 +107,19 @@ def main(argv):
                 labels = rng.randint(0, 1000, FLAGS.batch_size)
                 print(f"{name}, {precision}, batch {FLAGS.batch_size}, {FLAGS.mode}, XLA {FLAGS.jit}:",
                       flush=True)
-                seconds = measure.side_by_side(_cases(models, images, labels), FLAGS.min_seconds)
-                row = (f"| {name} | {precision} | {FLAGS.mode} | {1e3 * seconds['base']:.1f} | "
-                       f"{1e3 * seconds['tree']:.1f} | {seconds['base'] / seconds['tree']:.3f}x |")
+                times = measure.interleaved_times(_cases(models, images, labels), FLAGS.min_seconds,
+                                                  FLAGS.min_rounds)
+                faster = measure.format_speedup(measure.speedup(times["base"], times["tree"]))
+                row = (f"| {name} | {precision} | {FLAGS.mode} | {1e3 * times['base'].min():.1f} | "
+                       f"{1e3 * times['tree'].min():.1f} | {faster} | {len(times['base'])} |")
                 print(row, flush=True)
                 rows.append(row)
                 del models
         keras.mixed_precision.set_global_policy("float32")
     print(f"\nbatch {FLAGS.batch_size}, {FLAGS.image_size} px, XLA {'on' if FLAGS.jit else 'off'}, "
           f"base {FLAGS.base} ({rev})")
-    print("| model | precision | mode | base ms | tree ms | tree speedup |\n|---|---|---|---:|---:|---:|")
+    print("| model | precision | mode | base ms | tree ms | tree speedup (90% interval) | rounds |\n"
+          "|---|---|---|---:|---:|---:|---:|")
     print("\n".join(rows))
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import gc
 import resource
 import time
-from typing import Callable, Dict
+from typing import Callable, Dict, Tuple
 
 import numpy as np
 
@@ -25,11 +25,20 @@ def best_seconds(fn: Callable[[], object], min_seconds: float = 2.0, min_iterati
 
 def side_by_side(cases: Dict[str, Callable[[], object]], min_seconds: float = 2.0, min_rounds: int = 3,
                  warmup: int = 1) -> Dict[str, float]:
-    """The fastest call of each case, in seconds, with the cases' calls interleaved.
+    """The fastest call of each case, in seconds, with the cases' calls interleaved
+    (`interleaved_times`)."""
+    times = interleaved_times(cases, min_seconds, min_rounds, warmup)
+    return {name: float(t.min()) for name, t in times.items()}
+
+
+def interleaved_times(cases: Dict[str, Callable[[], object]], min_seconds: float = 2.0, min_rounds: int = 3,
+                      warmup: int = 1) -> Dict[str, np.ndarray]:
+    """Every timed call of each case, in seconds, `[rounds]` per case, round by round.
 
     Round r calls the cases in order, round r + 1 in reverse, until every case has had
     `min_rounds` calls and `min_seconds` have passed in all. Timed one after the other,
-    a drift in the machine's load lands on one case only; interleaved, on both.
+    a drift in the machine's load lands on one case only; interleaved, on both, and the
+    calls of one round can be compared with each other (`speedup`).
     """
     for fn in cases.values():
         for _ in range(warmup):
@@ -43,7 +52,38 @@ def side_by_side(cases: Dict[str, Callable[[], object]], min_seconds: float = 2.
             wait_for(cases[name]())
             times[name].append(time.perf_counter() - t)
         order.reverse()
-    return {name: float(np.min(t)) for name, t in times.items()}
+    return {name: np.asarray(t) for name, t in times.items()}
+
+
+def speedup(base_seconds, new_seconds, confidence: float = 0.9, resamples: int = 2000,
+            seed: int = 0) -> Tuple[float, float, float]:
+    """How much faster `new` ran than `base`: the median over rounds of base / new, and
+    a bootstrap interval of that median at `confidence`, as `(median, low, high)`.
+
+    Both are `[rounds]` times from `interleaved_times`; round r's two calls ran next to
+    each other, so their ratio carries little of the machine's drift. Two identical
+    ViT-Ti/16 models on 2 shared cores (bf16, batch 32): a round's ratio ranged
+    0.87-1.11 (10th to 90th percentile), the fastest of 10 calls of each differed by up
+    to 8% between runs, the median of 60 paired ratios by at most 1.1%. An interval
+    that holds 1 means the two were not told apart.
+    """
+    base, new = np.asarray(base_seconds, dtype=float), np.asarray(new_seconds, dtype=float)
+    if base.shape != new.shape or base.ndim != 1 or not len(base):
+        raise ValueError(f"need the same number of rounds for both, got {base.shape} and {new.shape}")
+    if not 0 < confidence < 1:
+        raise ValueError(f"confidence must be in (0, 1), got {confidence}")
+    ratios = base / new
+    picks = np.random.default_rng(seed).integers(0, len(ratios), (resamples, len(ratios)))
+    medians = np.median(ratios[picks], axis=1)
+    tail = (1 - confidence) / 2
+    low, high = np.quantile(medians, [tail, 1 - tail])
+    return float(np.median(ratios)), float(low), float(high)
+
+
+def format_speedup(estimate: Tuple[float, float, float]) -> str:
+    """`1.05x (1.01-1.09)`: a `speedup` with its interval."""
+    median, low, high = estimate
+    return f"{median:.3f}x ({low:.3f}-{high:.3f})"
 
 
 def fresh_models(build: Callable[[], Dict[str, object]], policy: str) -> Dict[str, object]:

@@ -114,3 +114,35 @@ def test_op_trace_of_a_real_forward_pass(tmp_path):
     assert sum(times.values()) > 0
     assert any("MatMul" in kind or "Conv2D" in kind for kind in times), times
     assert "Softmax" in " ".join(times), times
+
+
+def test_speedup_is_the_median_paired_ratio_with_an_interval_around_it():
+    import numpy as np
+
+    rng = np.random.default_rng(1)
+    drift = rng.uniform(0.3, 0.6, 60)  # the machine's load, shared by a round's two calls
+    base = drift * (1 + rng.normal(0, 0.02, 60))
+    new = drift / 1.25 * (1 + rng.normal(0, 0.02, 60))
+    median, low, high = measure.speedup(base, new)
+    assert low <= median <= high
+    assert low < 1.25 < high and high - low < 0.03
+    assert measure.speedup(base, base) == (1.0, 1.0, 1.0)
+    assert measure.format_speedup((1.0512, 1.0, 1.0861)) == "1.051x (1.000-1.086)"
+
+
+def test_speedup_refuses_unpaired_rounds():
+    with pytest.raises(ValueError, match="same number of rounds"):
+        measure.speedup([1.0, 2.0], [1.0])
+    with pytest.raises(ValueError, match="same number of rounds"):
+        measure.speedup([], [])
+    with pytest.raises(ValueError, match="confidence"):
+        measure.speedup([1.0], [1.0], confidence=1.0)
+
+
+def test_interleaved_times_alternate_the_order_of_the_cases():
+    calls = []
+    times = measure.interleaved_times({"a": lambda: calls.append("a"), "b": lambda: calls.append("b")},
+                                      min_seconds=0.0, min_rounds=4, warmup=1)
+    assert calls == ["a", "b"] + ["a", "b", "b", "a", "a", "b", "b", "a"]
+    assert [len(t) for t in times.values()] == [4, 4]
+    assert measure.side_by_side({"a": lambda: None}, 0.0, 2) == {"a": pytest.approx(0.0, abs=0.01)}
