@@ -139,7 +139,10 @@ class MultiHeadSelfAttention(keras.layers.Layer):
         q, k, v = ops.unstack(qkv, 3, axis=0)
         # q is scaled, not the [T, T] logits (as flax does): a third of the work at T=197.
         q = q * ops.cast(1.0 / math.sqrt(head_dim), q.dtype)
-        logits = ops.cast(ops.matmul(q, ops.transpose(k, (0, 1, 3, 2))), self._softmax_dtype(tokens.dtype))
+        # transpose_b, not a matmul of a transposed k: under XLA with bf16 q and k, the
+        # latter (then cast to the float32 softmax) compiled to a float32 product of
+        # upcast q and k. Without XLA the two are the same graph.
+        logits = ops.cast(tf.matmul(q, k, transpose_b=True), self._softmax_dtype(tokens.dtype))
         if self.relative_grid is not None:
             bias = ops.take(ops.cast(self.relative_bias, logits.dtype), self._relative_index, axis=0)
             logits = logits + ops.transpose(bias, (2, 0, 1))[None]
