@@ -14,8 +14,9 @@ tanh-GELU, fc2 `[4D, D]` plus a residual) are timed as:
   in Keras's predict and evaluate steps;
 - `plain`: the bare MatMul, without bias, residual or GELU: the speed the kernels
   reach on the product alone.
-The forms' calls are interleaved in one process. It prints GFLOP/s (2 x M x K x N) and
-each form's speed over the fused matmul's. `keras_vit.layers.projection` takes the
+The forms' calls are interleaved in one process. It prints GFLOP/s (2 x M x K x N, of
+the fastest call) and each form's speed over the fused matmul's (`measure.speedup`: the
+median of paired calls, with its 90% interval). `keras_vit.layers.projection` takes the
 convolution where this showed it faster; rerun it after a TensorFlow upgrade.
 Figures, never assertions.
 """
@@ -70,13 +71,14 @@ def main(argv):
                 for name, k, n, with_residual, gelu in maps:
                     tokens, kernel, bias = as_dtype(rows, k), as_dtype(k, n) * 0.05, as_dtype(n)
                     residual = as_dtype(rows, n) if with_residual else None
-                    seconds = measure.side_by_side(_forms(tokens, kernel, bias, residual, gelu),
-                                                   FLAGS.min_seconds)
-                    rate = {form: 2.0 * rows * k * n / s / 1e9 for form, s in seconds.items()}
-                    over = {form: seconds["matmul"] / seconds[form] for form in ("conv", "plain")}
+                    t = measure.interleaved_times(_forms(tokens, kernel, bias, residual, gelu),
+                                                  FLAGS.min_seconds)
+                    rate = {form: 2.0 * rows * k * n / s.min() / 1e9 for form, s in t.items()}
+                    over = {form: measure.format_speedup(measure.speedup(t["matmul"], t[form]))
+                            for form in ("conv", "plain")}
                     print(f"| {dtype} | {rows} | D={width} {name} | {rate['matmul']:.0f} | "
-                          f"{rate['conv']:.0f} | {rate['plain']:.0f} | {over['conv']:.2f}x | "
-                          f"{over['plain']:.2f}x |", flush=True)
+                          f"{rate['conv']:.0f} | {rate['plain']:.0f} | {over['conv']} | "
+                          f"{over['plain']} |", flush=True)
 
 
 if __name__ == "__main__":

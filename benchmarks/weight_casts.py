@@ -48,11 +48,12 @@ def main(argv):
             calls = {"mixed": measure.model_call(mixed, images, None),
                      "twin": measure.model_call(twin, images, None)}
             diff = float(np.abs(calls["mixed"]().numpy() - calls["twin"]().numpy()).max())
-            seconds = measure.side_by_side(calls, FLAGS.min_seconds)
-            rows.append(f"| {name} | {batch} | {seconds['mixed'] * 1e3:.1f} | {seconds['twin'] * 1e3:.1f} | "
-                        f"{seconds['mixed'] / seconds['twin']:.2f}x | {diff:g} |")
+            t = measure.interleaved_times(calls, FLAGS.min_seconds)
+            faster = measure.format_speedup(measure.speedup(t["mixed"], t["twin"]))
+            rows.append(f"| {name} | {batch} | {t['mixed'].min() * 1e3:.1f} | {t['twin'].min() * 1e3:.1f} | "
+                        f"{faster} | {diff:g} |")
     print(f"\n{FLAGS.policy} inference, {FLAGS.image_size} px, predict_step, ms per call:")
-    print(f"| model | batch | {FLAGS.policy} | {policy.compute_dtype} weights | speedup "
+    print(f"| model | batch | {FLAGS.policy} | {policy.compute_dtype} weights | speedup (90% interval) "
           "| max |difference| |\n|---|---:|---:|---:|---:|---:|")
     print("\n".join(rows))
 
