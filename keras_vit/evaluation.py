@@ -214,9 +214,6 @@ class FewShotPlan:
         n_test = source.num_examples(test_split)
         self.test_positions = (np.sort(rng.choice(n_test, test_examples, replace=False))
                                if test_examples and test_examples < n_test else np.arange(n_test))
-        test_y = data.labels(source, test_split)[self.test_positions]
-        unseen = set(test_y.tolist()) - set(self.train_y.tolist())
-        self.unseen = [source.class_names[c] for c in sorted(unseen)]
 
     def _features(self, extractor, model, split, positions, batch_size, progress):
         from keras_vit import data
@@ -233,14 +230,17 @@ class FewShotPlan:
         log(f"Features of {len(self.wanted)} {self.train_split} images (the shots' draws"
             f"{' and the probe' if len(self.probe) else ''}) and {len(self.test_positions)} "
             f"{self.test_split} images ...")
-        if self.unseen:
-            log(f"Warning: {self.test_split} holds classes with no {self.train_split} examples, scored as "
-                f"wrong: {self.unseen}")
         # One extractor for both passes: one traced predict function.
         extractor = feature_model(model)
         train_x, _ = self._features(extractor, model, self.train_split, self.wanted, batch_size, progress)
         test_x, test_y = self._features(extractor, model, self.test_split, self.test_positions, batch_size,
                                         progress)
+        # From the labels the feature pass read: reading the whole test split's for it
+        # up front would read every test image's bytes once more.
+        unseen = sorted(set(test_y.tolist()) - set(self.train_y.tolist()))
+        if unseen:
+            log(f"Warning: {self.test_split} holds classes with no {self.train_split} examples, scored as "
+                f"wrong: {[self.source.class_names[c] for c in unseen]}")
 
         def lookup(idx):
             return train_x[np.searchsorted(self.wanted, idx)]

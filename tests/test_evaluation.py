@@ -186,6 +186,23 @@ def test_a_plan_extracts_only_the_drawn_images_and_scores_as_all_features_would(
     assert 0.0 <= probed["linear_probe"] <= 1.0 and "and the probe" in logs[-1]
 
 
+def test_a_plan_warns_of_test_classes_it_has_no_shots_of(tmp_path):
+    from PIL import Image
+
+    rng = np.random.RandomState(0)
+    for split, label, n in (("train", "cat", 3), ("train", "dog", 3), ("test", "cat", 2), ("test", "fox", 2)):
+        folder = tmp_path / split / label
+        folder.mkdir(parents=True)
+        for i in range(n):
+            Image.fromarray(rng.randint(0, 255, (8, 8, 3), dtype=np.uint8)).save(folder / f"{i}.png")
+    source = data.open_source(image_dir=str(tmp_path))
+    logs = []
+    plan = evaluation.FewShotPlan(source, "train", "test", shots=[1], seeds=1)
+    result = plan.run(tiny_model(), log=logs.append)
+    assert "Warning: test holds classes with no train examples, scored as wrong: ['fox']" in logs
+    assert result["fewshot"][1]["mean"] <= 0.5  # the two fox images can only be wrong
+
+
 def test_examples_selects_records_by_position_for_evaluation_only(fake_fmnist):
     source = data.open_source("fashion_mnist_local", data_dir=fake_fmnist)
     whole = next(iter(data.make_dataset(source, "test", image_size=8, batch_size=48, training=False)))
