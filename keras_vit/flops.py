@@ -5,6 +5,10 @@ The convention is fvcore's, which produced the figures quoted for ViTs (ViT-B/16
 the attention matmuls (QK^T and AV) count T x T x D each, and LayerNorm/GroupNorm
 count 5 per element (4 without an affine part). Activations, softmax, residual
 adds, pooling and the position-embedding add count nothing.
+
+That convention counts the architecture: every token through every block. Our
+model computes less for its logits (`executed=True`): with a class-token head, the
+last block carries the class token alone past its keys and values.
 """
 
 from __future__ import annotations
@@ -40,13 +44,18 @@ def resnet_macs(resnet: ResNetConfig, image_size, num_channels: int = 3) -> Dict
     return macs
 
 
-def forward_macs(model_or_config: Union[ViTConfig, "object"], breakdown: bool = False):
+def forward_macs(model_or_config: Union[ViTConfig, "object"], breakdown: bool = False,
+                 executed: bool = False):
     """MACs of one image's forward pass at the config's image size.
 
     Args:
       model_or_config: a `VisionTransformer`, a `ViTConfig`, or a registered name.
       breakdown: return a dict of parts (`patch_embedding`, `attention_projections`,
         `attention_matmuls`, `mlp`, `norms`, `head`, ...) instead of the total.
+      executed: count what `VisionTransformer` computes for its logits, not the
+        architecture's published figure (fvcore's). They differ for a class-token
+        head, whose last block runs the query, attention, out projection, second
+        LayerNorm and MLP (and the final LayerNorm) for the class token alone.
 
     Returns:
       An int, or a dict of ints when `breakdown` is set.
@@ -69,10 +78,16 @@ def forward_macs(model_or_config: Union[ViTConfig, "object"], breakdown: bool = 
     else:
         cin = cfg.num_channels
     parts["patch_embedding"] = n * ph * pw * cin * d
-    parts["attention_projections"] = L * 4 * t * d * d
-    parts["attention_matmuls"] = L * 2 * t * t * d
-    parts["mlp"] = L * 2 * t * d * m
-    parts["norms"] = _NORM * t * d * (2 * L + 1)
+    # Tokens through each block's query, out projection, second norm and MLP, and
+    # through the final norm; every block's keys, values and first norm see all t.
+    queries = [t] * L
+    if executed and cfg.classifier == "token" and L:
+        queries[-1] = 1
+    final = queries[-1] if L else t
+    parts["attention_projections"] = sum(2 * t * d * d + 2 * q * d * d for q in queries)
+    parts["attention_matmuls"] = sum(2 * q * t * d for q in queries)
+    parts["mlp"] = sum(2 * q * d * m for q in queries)
+    parts["norms"] = _NORM * d * (sum(t + q for q in queries) + final)
     rep = cfg.representation_size
     parts["pre_logits"] = d * rep if rep else 0
     parts["head"] = (rep or d) * cfg.num_classes

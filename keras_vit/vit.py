@@ -100,6 +100,7 @@ class VisionTransformer(keras.Model):
         x = self.embedding_dropout(x, training=training)
         attention, tokens = [], []
         for block in self.blocks:
+            inputs = x
             if return_attention:
                 x, weights = block(x, training=training, return_attention=True)
                 attention.append(weights)
@@ -108,9 +109,16 @@ class VisionTransformer(keras.Model):
             if return_tokens:
                 tokens.append(x)
         encoded = self.encoder_norm(x)
-        # The class token's row alone when that is all the head reads (LayerNorm is per
-        # token): in a functional model `encoded` is then pruned from the logits' graph.
-        pooled = self.encoder_norm(x[:, 0]) if self.class_token is not None else ops.mean(encoded, axis=1)
+        if self.class_token is None:
+            pooled = ops.mean(encoded, axis=1)
+        else:
+            # The head reads the class token alone, so the last block need carry no
+            # other token past its keys and values (ViT-B/16: 7% of the work). In a
+            # functional model the full last block, whose only use is `encoded`, is
+            # pruned from the logits' graph. LayerNorm is per token.
+            if self.blocks:
+                x = self.blocks[-1](inputs, training=training, class_token_only=True)
+            pooled = self.encoder_norm(x[:, 0])
         if self.pre_logits is not None:
             pooled = self.pre_logits(pooled)
         logits = self.head(pooled) if self.head is not None else pooled

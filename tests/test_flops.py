@@ -52,3 +52,36 @@ def test_resnet_convs_equal_output_size_times_kernel_size():
 def test_rejects_other_things():
     with pytest.raises(TypeError):
         forward_macs(3)
+
+
+def _graph_macs(model, image_size):
+    """MACs of the MatMul, BatchMatMulV2 and Conv2D ops in the traced inference graph."""
+    import tensorflow as tf
+
+    spec = tf.TensorSpec((1, image_size, image_size, 3), tf.float32)
+    graph = tf.function(lambda x: model(x, training=False)).get_concrete_function(spec).graph
+    total = 0
+    for op in graph.get_operations():
+        if op.type in ("MatMul", "BatchMatMulV2"):
+            a = op.inputs[0].shape.as_list()
+            contracted = a[-2] if op.get_attr("adj_x" if op.type != "MatMul" else "transpose_a") else a[-1]
+            total += int(np.prod(op.outputs[0].shape.as_list())) * contracted
+        elif op.type == "Conv2D":
+            kh, kw, cin, _ = op.inputs[1].shape.as_list()
+            total += int(np.prod(op.outputs[0].shape.as_list())) * kh * kw * cin
+    return total
+
+
+@pytest.mark.parametrize("classifier", ["token", "gap"])
+def test_executed_count_is_what_the_traced_graph_multiplies(classifier):
+    # With a class-token head, a last block that carried every token would count more.
+    model = keras_vit.create_model("ViT-Ti/16", num_classes=10, image_size=64, num_layers=3,
+                                   classifier=classifier)
+    parts = forward_macs(model, breakdown=True, executed=True)
+    products = sum(v for k, v in parts.items() if k != "norms")
+    assert _graph_macs(model, 64) == products
+    full = forward_macs(model)
+    if classifier == "token":
+        assert sum(parts.values()) < full
+    else:
+        assert sum(parts.values()) == full

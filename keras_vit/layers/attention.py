@@ -123,39 +123,78 @@ class MultiHeadSelfAttention(keras.layers.Layer):
         given, which then fuses into the out projection at inference) and the weights
         `[B, H, T, T]` (in the softmax dtype).
         """
-        dim = tokens.shape[-1]
-        head_dim = dim // self.num_heads
         # Projections run on [B*T, D]: a [B, T, D] @ [D, N] matmul is a broadcast batch
         # matmul whose kernel gradient is B small matmuls plus a sum over B.
         qkv = projection.project(tokens, self.qkv_kernel, self.qkv_bias, training=training)
-        qkv = ops.reshape(qkv, (batch, seq, 3, self.num_heads, head_dim))
+        q, k, v = self._heads(qkv, (batch, seq), 3)
+        # To tokens' own shape, not (-1, D): with a dynamic batch, grappler must see
+        # that the residual and this output match for the Add to fuse.
+        return self._mix(q, k, v, tokens, tf.shape(tokens), training, residual)
+
+    def attend_first(self, tokens, first, shape, training=None, residual=None):
+        """Attention from each image's first token alone, to all T tokens.
+
+        Args:
+          tokens: `[B * T, D]`, flattened from an input of shape `shape`.
+          first: `[B, D]`, each image's first token, normalised as `tokens` are.
+          shape: `tf.shape` of that `[B, T, D]` input.
+          residual: None or `[B, D]`, added as in `attend`.
+
+        Returns:
+          The projected output `[B, D]` and the weights `[B, H, 1, T]`.
+        """
+        dim = tokens.shape[-1]
+        # The heads' shapes are built from `shape`, not from the batch size as a
+        # number: grappler then knows the output's rows are the residual's, and with
+        # a dynamic batch too the add fuses into the out projection (as it does with a
+        # static one, so that in bfloat16 a SavedModel's logits equal predict's).
+        k, v = self._heads(projection.project(tokens, self.qkv_kernel[:, dim:], self.qkv_bias[dim:],
+                                              training=training), [shape[:2]], 2)
+        (q,) = self._heads(projection.project(first, self.qkv_kernel[:, :dim], self.qkv_bias[:dim],
+                                              training=training, few_rows=True), [shape[:1], [1]], 1)
+        return self._mix(q, k, v, tokens, tf.shape(first), training, residual, rows=slice(0, 1),
+                         few_rows=True)
+
+    def _heads(self, projected, lead, parts):
+        """`[N, parts * D]` -> `parts` tensors of `[B, H, T, Dh]`, where `lead` is
+        `(B, T)` as numbers, or a list of shape tensors that concatenate to it (one
+        concatenation, which grappler reads as a shape where it would not read two)."""
+        head_dim = projected.shape[-1] // (parts * self.num_heads)
+        tail = (parts, self.num_heads, head_dim)
+        if isinstance(lead, tuple):
+            x = ops.reshape(projected, lead + tail)
+        else:
+            x = tf.reshape(projected, tf.concat([*lead, tail], 0))
         # Not ops.dot_product_attention: on the TF backend it is einsums too. Measured
         # side by side (ViT-Ti/16, batch 8, 2 AVX2 cores) it was slower without XLA
         # (0.83x in float32, 0.37x in mixed_bfloat16) and no faster with it.
-        qkv = ops.transpose(qkv, (2, 0, 3, 1, 4))  # [3, B, H, T, Dh]
-        # Unstack, not qkv[0], qkv[1], qkv[2]: each slice's gradient is a zero-padded
-        # copy of all of qkv, summed, where unstack's is one stack. Measured side by
-        # side: train steps 1.2x faster (README Fashion-MNIST ViT), 1.14x (ViT-Ti/16).
-        q, k, v = ops.unstack(qkv, 3, axis=0)
+        x = ops.transpose(x, (2, 0, 3, 1, 4))  # [parts, B, H, T, Dh]
+        # Unstack, not x[0], x[1], x[2]: each slice's gradient is a zero-padded copy of
+        # all of x, summed, where unstack's is one stack. Measured side by side: train
+        # steps 1.2x faster (README Fashion-MNIST ViT), 1.14x (ViT-Ti/16).
+        return ops.unstack(x, parts, axis=0)
+
+    def _mix(self, q, k, v, tokens, out_shape, training, residual, rows=slice(None), few_rows=False):
+        """softmax(q k^T / sqrt(Dh)) v, projected: `[B, H, Tq, Dh]` queries -> output
+        reshaped to `out_shape`, and the weights `[B, H, Tq, T]`. `rows` picks the
+        queries' rows of the relative-position index."""
         # q is scaled, not the [T, T] logits (as flax does): a third of the work at T=197.
-        q = q * ops.cast(1.0 / math.sqrt(head_dim), q.dtype)
+        q = q * ops.cast(1.0 / math.sqrt(q.shape[-1]), q.dtype)
         # transpose_b, not a matmul of a transposed k: under XLA with bf16 q and k, the
         # latter (then cast to the float32 softmax) compiled to a float32 product of
         # upcast q and k. Without XLA the two are the same graph.
         logits = ops.cast(tf.matmul(q, k, transpose_b=True), self._softmax_dtype(tokens.dtype))
         if self.relative_grid is not None:
-            bias = ops.take(ops.cast(self.relative_bias, logits.dtype), self._relative_index, axis=0)
+            bias = ops.take(ops.cast(self.relative_bias, logits.dtype), self._relative_index[rows], axis=0)
             logits = logits + ops.transpose(bias, (2, 0, 1))[None]
         if training and logits.dtype == "bfloat16":
             weights = softmax_for_training(logits)  # float32's own gradient measured no faster
         else:
             weights = ops.softmax(logits, axis=-1)
         dropped = self.attention_dropout(ops.cast(weights, tokens.dtype), training=training)
-        out = ops.matmul(dropped, v)  # [B, H, T, Dh]
-        # To tokens' own shape, not (-1, D): with a dynamic batch, grappler must see
-        # that the residual and this output match for the Add to fuse.
-        out = tf.reshape(ops.transpose(out, (0, 2, 1, 3)), tf.shape(tokens))
-        return projection.project(out, self.out_kernel, self.out_bias, residual, training), weights
+        out = ops.matmul(dropped, v)  # [B, H, Tq, Dh]
+        out = tf.reshape(ops.transpose(out, (0, 2, 1, 3)), out_shape)
+        return projection.project(out, self.out_kernel, self.out_bias, residual, training, few_rows), weights
 
     @staticmethod
     def _softmax_dtype(compute_dtype):

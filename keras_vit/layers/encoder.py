@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 
 import keras
@@ -97,22 +98,24 @@ class MlpBlock(keras.layers.Layer):
         # Dense on [B*T, D], not [B, T, D]: see MultiHeadSelfAttention.call.
         return ops.reshape(self.transform(ops.reshape(x, (-1, x.shape[-1])), training), ops.shape(x))
 
-    def transform(self, tokens, training=None, residual=None):
+    def transform(self, tokens, training=None, residual=None, few_rows=False):
         """The block on tokens flattened to `[B * T, D]`.
 
         With `residual` (`[B * T, D]`, at inference only, where dropout is the
         identity) the result is `residual + block(tokens)`, added inside fc2's op.
+        `few_rows`: one token per image (see `projection.project`).
         """
         if residual is not None and training:
             raise ValueError("a residual is fused into fc2 at inference only")
         if not training:
-            x = projection.project_gelu(tokens, self.fc1.kernel, self.fc1.bias, self.gelu_approximate)
+            x = projection.project_gelu(tokens, self.fc1.kernel, self.fc1.bias, self.gelu_approximate,
+                                        few_rows=few_rows)
         elif self.gelu_approximate:
             x = gelu_tanh_for_training(self.fc1(tokens))
         else:
             x = keras.activations.gelu(self.fc1(tokens), approximate=False)
         x = self.dropout(x, training=training)
-        x = projection.project(x, self.fc2.kernel, self.fc2.bias, residual, training)
+        x = projection.project(x, self.fc2.kernel, self.fc2.bias, residual, training, few_rows)
         return self.dropout(x, training=training)
 
     def compute_output_shape(self, input_shape):
@@ -158,19 +161,35 @@ class EncoderBlock(keras.layers.Layer):
         for layer in (self.norm1, self.attention, self.norm2, self.mlp):
             layer.build(input_shape)
 
-    def call(self, x, training=None, return_attention=False):
+    def call(self, x, training=None, return_attention=False, class_token_only=False):
+        """`[B, T, D]` -> `[B, T, D]`, or `[B, 1, D]` with `class_token_only`: then only
+        the first token (the class token, when the head reads nothing else) attends
+        and goes through the MLP, with all T tokens as keys and values. With
+        `return_attention`, also the weights `[B, H, T or 1, T]` in float32."""
         shape = ops.shape(x)
-        # The residual stream is [B*T, D] inside the block, so that at inference each
-        # residual add fuses into the projection before it (one oneDNN op): the out
-        # projection's and fc2's.
-        x = ops.reshape(x, (-1, x.shape[-1]))
+        # The residual stream is [B*T, D] (or [B, D]) inside the block, so that at
+        # inference each residual add fuses into the projection before it (one oneDNN
+        # op): the out projection's and fc2's.
+        if class_token_only:
+            # Gathers, not x[:, 0], and norm1 on [B, T, D], not on the flattened
+            # tokens: grappler then sees that the rows are x's batch and still rewrites
+            # norm1 into oneDNN's layer norm, so the residual adds fuse and a static and
+            # a dynamic batch compute alike (tests/test_layers.py).
+            normed = self.norm1(x)
+            attend = functools.partial(self.attention.attend_first, ops.reshape(normed, (-1, x.shape[-1])),
+                                       tf.gather(normed, 0, axis=1), tf.shape(x))
+            x = tf.gather(x, 0, axis=1)
+            shape = (shape[0], 1, shape[2])
+        else:
+            x = ops.reshape(x, (-1, x.shape[-1]))
+            attend = functools.partial(self.attention.attend, self.norm1(x), shape[0], shape[1])
         if training:
-            y, weights = self.attention.attend(self.norm1(x), shape[0], shape[1], training=True)
+            y, weights = attend(training=True)
             x = x + self._drop_path(self.dropout(y, training=True), shape)
             x = x + self._drop_path(self.mlp.transform(self.norm2(x), training=True), shape)
         else:
-            x, weights = self.attention.attend(self.norm1(x), shape[0], shape[1], residual=x)
-            x = self.mlp.transform(self.norm2(x), residual=x)
+            x, weights = attend(residual=x)
+            x = self.mlp.transform(self.norm2(x), residual=x, few_rows=class_token_only)
         x = ops.reshape(x, shape)
         if return_attention:
             return x, ops.cast(weights, "float32")
@@ -181,9 +200,6 @@ class EncoderBlock(keras.layers.Layer):
         if self.drop_path.rate == 0.0:
             return y
         return ops.reshape(self.drop_path(ops.reshape(y, shape), training=True), ops.shape(y))
-
-    def compute_output_shape(self, input_shape):
-        return input_shape
 
     def get_config(self):
         return {

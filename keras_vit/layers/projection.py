@@ -15,7 +15,7 @@ from keras_vit.layers import graph_kind
 CONV_MIN_ROWS = 384
 
 
-def project(tokens, kernel, bias, residual=None, training=None):
+def project(tokens, kernel, bias, residual=None, training=None, few_rows=False):
     """`tokens @ kernel + bias`, plus `residual` if given.
 
     Args:
@@ -24,19 +24,23 @@ def project(tokens, kernel, bias, residual=None, training=None):
       bias: `[M]`, cast to the tokens' dtype.
       residual: None or `[N, M]`.
       training: the Keras training flag. Only inference takes the convolution form.
+      few_rows: the rows are one per image (the class token's), so the fused matmul
+        is taken at any number, with no `tf.cond` (a batch seldom reaches
+        `CONV_MIN_ROWS`, and a cond's output hides from grappler that the rows are
+        the residual's, so with a dynamic batch the residual adds would not fuse).
 
     Returns:
       `[N, M]` in the tokens' dtype. Where TF runs oneDNN, product, bias and residual
       are one op (in the convolution form, the residual only with a static batch).
     """
     kernel, bias = tf.cast(kernel, tokens.dtype), tf.cast(bias, tokens.dtype)
-    if not _bf16_onednn_inference(tokens, training):
+    if few_rows or not _bf16_onednn_inference(tokens, training):
         return _as_matmul(tokens, kernel, bias, residual)
     return _by_rows(tokens, lambda: _as_pointwise_conv(tokens, kernel, bias, residual),
                     lambda: _as_matmul(tokens, kernel, bias, residual))
 
 
-def project_gelu(tokens, kernel, bias, approximate, training=None):
+def project_gelu(tokens, kernel, bias, approximate, training=None, few_rows=False):
     """`gelu(tokens @ kernel + bias)`: the MLP's first map.
 
     Where TF runs oneDNN, product, bias and GELU are one op, an inner product, which in
@@ -55,13 +59,14 @@ def project_gelu(tokens, kernel, bias, approximate, training=None):
       bias: `[M]`, cast to the tokens' dtype.
       approximate: the tanh GELU if True, else the exact (erf) one.
       training: the Keras training flag. Only inference takes the XLA form.
+      few_rows: one row per image: the fused op at any number (see `project`).
 
     Returns:
       `[N, M]` in the tokens' dtype.
     """
     kernel, bias = tf.cast(kernel, tokens.dtype), tf.cast(bias, tokens.dtype)
     fused = lambda: tf.nn.gelu(_as_matmul(tokens, kernel, bias, None), approximate=approximate)  # noqa: E731
-    if not (_bf16_onednn_inference(tokens, training) and graph_kind.xla_kernels_allowed()):
+    if few_rows or not (_bf16_onednn_inference(tokens, training) and graph_kind.xla_kernels_allowed()):
         return fused()
     rows = tokens.shape[0]
     if rows is not None and rows < CONV_MIN_ROWS:
