@@ -178,6 +178,30 @@ def test_a_class_token_only_block_computes_the_full_blocks_first_token(policy, r
         np.testing.assert_allclose(a, b, atol=tol * 10, rtol=tol)
 
 
+@pytest.mark.parametrize("training", [False, True])
+def test_a_class_token_only_block_compiles_under_xla_in_bf16(training):
+    """XLA's CPU backend has no bf16 kernel for a batch of one-row products of these
+    sizes (32 images, 3 heads of 64, 17 tokens), so the block's class-token path runs
+    them in float32 there, forward and backward."""
+    import tensorflow as tf
+
+    block = layers.EncoderBlock(3, 64, dtype="mixed_bfloat16")
+    block.build((None, 17, 192))
+    x = tf.constant(np.random.RandomState(0).normal(size=(32, 17, 192)).astype("float32"))
+
+    def run(x):
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            y = tf.cast(block(x, training=training, class_token_only=True), "float32")
+            loss = tf.reduce_sum(y)
+        return y, tape.gradient(loss, x)
+
+    y, grad = tf.function(run, jit_compile=True)(x)
+    expected, expected_grad = run(x)
+    np.testing.assert_allclose(y, expected, atol=0.05, rtol=0.05)
+    np.testing.assert_allclose(grad, expected_grad, atol=0.05, rtol=0.05)
+
+
 def test_encoder_projections_are_plain_matmuls_in_the_train_step():
     """qkv, out, fc1 and fc2 on [B*T, D]: a broadcast [B, T, D] @ [D, N] BatchMatMulV2
     has a kernel gradient of B small matmuls plus a sum (measured 1.04-1.22x slower)."""

@@ -178,6 +178,11 @@ class MultiHeadSelfAttention(keras.layers.Layer):
         """softmax(q k^T / sqrt(Dh)) v, projected: `[B, H, Tq, Dh]` queries -> output
         reshaped to `out_shape`, and the weights `[B, H, Tq, T]`. `rows` picks the
         queries' rows of the relative-position index."""
+        if q.shape[2] == 1 and q.dtype == "bfloat16" and graph_kind.compiling_with_xla():
+            # XLA's CPU backend has no bf16 kernel for a batch of one-row products
+            # ("unsupported operand type BF16 in op dot" from 32 images of ViT-Ti/16):
+            # these run in float32, 2 x T x D MACs per image.
+            q, k, v = (ops.cast(t, "float32") for t in (q, k, v))
         # q is scaled, not the [T, T] logits (as flax does): a third of the work at T=197.
         q = q * ops.cast(1.0 / math.sqrt(q.shape[-1]), q.dtype)
         # transpose_b, not a matmul of a transposed k: under XLA with bf16 q and k, the
@@ -191,8 +196,8 @@ class MultiHeadSelfAttention(keras.layers.Layer):
             weights = softmax_for_training(logits)  # float32's own gradient measured no faster
         else:
             weights = ops.softmax(logits, axis=-1)
-        dropped = self.attention_dropout(ops.cast(weights, tokens.dtype), training=training)
-        out = ops.matmul(dropped, v)  # [B, H, Tq, Dh]
+        dropped = self.attention_dropout(ops.cast(weights, v.dtype), training=training)
+        out = ops.cast(ops.matmul(dropped, v), tokens.dtype)  # [B, H, Tq, Dh]
         out = tf.reshape(ops.transpose(out, (0, 2, 1, 3)), out_shape)
         return projection.project(out, self.out_kernel, self.out_bias, residual, training, few_rows), weights
 
