@@ -178,6 +178,17 @@ def test_a_class_token_only_block_computes_the_full_blocks_first_token(policy, r
         np.testing.assert_allclose(a, b, atol=tol * 10, rtol=tol)
 
 
+def test_a_blocks_symbolic_outputs_follow_its_arguments():
+    import keras
+
+    block = layers.EncoderBlock(2, 16, dtype="mixed_bfloat16")
+    x = keras.Input((5, 8))
+    assert block(x).shape == (None, 5, 8) and block(x).dtype == "bfloat16"
+    out, weights = block(x, return_attention=True, class_token_only=True)
+    assert out.shape == (None, 1, 8) and weights.shape == (None, 2, 1, 5) and weights.dtype == "float32"
+    assert block(x, return_attention=True)[1].shape == (None, 2, 5, 5)
+
+
 @pytest.mark.parametrize("training", [False, True])
 def test_a_class_token_only_block_compiles_under_xla_in_bf16(training):
     """XLA's CPU backend has no bf16 kernel for a batch of one-row products of these

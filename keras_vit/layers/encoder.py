@@ -195,6 +195,14 @@ class EncoderBlock(keras.layers.Layer):
             return x, ops.cast(weights, "float32")
         return x
 
+    def compute_output_spec(self, x, training=None, return_attention=False, class_token_only=False):
+        # Shapes from the arguments, without tracing `call` for every block of a model.
+        batch, seq, dim = x.shape
+        out = keras.KerasTensor((batch, 1 if class_token_only else seq, dim), dtype=self.compute_dtype)
+        if return_attention:
+            return out, keras.KerasTensor((batch, self.num_heads, out.shape[1], seq), dtype="float32")
+        return out
+
     def _drop_path(self, y, shape):
         # In training only. Stochastic depth drops whole examples: the [B, T, D] view.
         if self.drop_path.rate == 0.0:
