@@ -129,7 +129,7 @@ class MultiHeadSelfAttention(keras.layers.Layer):
         q, k, v = self._heads(qkv, (batch, seq), 3)
         # To tokens' own shape, not (-1, D): with a dynamic batch, grappler must see
         # that the residual and this output match for the Add to fuse.
-        return self._mix(q, k, v, tokens, tf.shape(tokens), training, residual)
+        return self._mix(q, k, v, tokens.dtype, tf.shape(tokens), training, residual)
 
     def attend_first(self, tokens, first, shape, training=None, residual=None):
         """Attention from each image's first token alone, to all T tokens.
@@ -152,8 +152,7 @@ class MultiHeadSelfAttention(keras.layers.Layer):
                                               training=training), [shape[:2]], 2)
         (q,) = self._heads(projection.project(first, self.qkv_kernel[:, :dim], self.qkv_bias[:dim],
                                               training=training, few_rows=True), [shape[:1], [1]], 1)
-        return self._mix(q, k, v, tokens, tf.shape(first), training, residual, rows=slice(0, 1),
-                         few_rows=True)
+        return self._mix(q, k, v, tokens.dtype, tf.shape(first), training, residual)
 
     def _heads(self, projected, lead, parts):
         """`[N, parts * D]` -> `parts` tensors of `[B, H, T, Dh]`, where `lead` is
@@ -174,11 +173,12 @@ class MultiHeadSelfAttention(keras.layers.Layer):
         # steps 1.2x faster (README Fashion-MNIST ViT), 1.14x (ViT-Ti/16).
         return ops.unstack(x, parts, axis=0)
 
-    def _mix(self, q, k, v, tokens, out_shape, training, residual, rows=slice(None), few_rows=False):
-        """softmax(q k^T / sqrt(Dh)) v, projected: `[B, H, Tq, Dh]` queries -> output
-        reshaped to `out_shape`, and the weights `[B, H, Tq, T]`. `rows` picks the
-        queries' rows of the relative-position index."""
-        if q.shape[2] == 1 and q.dtype == "bfloat16" and graph_kind.compiling_with_xla():
+    def _mix(self, q, k, v, dtype, out_shape, training, residual):
+        """softmax(q k^T / sqrt(Dh)) v, projected: `[B, H, Tq, Dh]` queries (the first Tq
+        tokens, all T or the class token) -> output in `dtype` reshaped to `out_shape`,
+        and the weights `[B, H, Tq, T]`."""
+        one_row = q.shape[2] == 1  # one query per image: the class token's
+        if one_row and q.dtype == "bfloat16" and graph_kind.compiling_with_xla():
             # XLA's CPU backend has no bf16 kernel for a batch of one-row products
             # ("unsupported operand type BF16 in op dot" from 32 images of ViT-Ti/16):
             # these run in float32, 2 x T x D MACs per image.
@@ -188,18 +188,19 @@ class MultiHeadSelfAttention(keras.layers.Layer):
         # transpose_b, not a matmul of a transposed k: under XLA with bf16 q and k, the
         # latter (then cast to the float32 softmax) compiled to a float32 product of
         # upcast q and k. Without XLA the two are the same graph.
-        logits = ops.cast(tf.matmul(q, k, transpose_b=True), self._softmax_dtype(tokens.dtype))
+        logits = ops.cast(tf.matmul(q, k, transpose_b=True), self._softmax_dtype(dtype))
         if self.relative_grid is not None:
-            bias = ops.take(ops.cast(self.relative_bias, logits.dtype), self._relative_index[rows], axis=0)
+            index = self._relative_index[:q.shape[2]]  # the queries' rows
+            bias = ops.take(ops.cast(self.relative_bias, logits.dtype), index, axis=0)
             logits = logits + ops.transpose(bias, (2, 0, 1))[None]
         if training and logits.dtype == "bfloat16":
             weights = softmax_for_training(logits)  # float32's own gradient measured no faster
         else:
             weights = ops.softmax(logits, axis=-1)
         dropped = self.attention_dropout(ops.cast(weights, v.dtype), training=training)
-        out = ops.cast(ops.matmul(dropped, v), tokens.dtype)  # [B, H, Tq, Dh]
+        out = ops.cast(ops.matmul(dropped, v), dtype)  # [B, H, Tq, Dh]
         out = tf.reshape(ops.transpose(out, (0, 2, 1, 3)), out_shape)
-        return projection.project(out, self.out_kernel, self.out_bias, residual, training, few_rows), weights
+        return projection.project(out, self.out_kernel, self.out_bias, residual, training, one_row), weights
 
     @staticmethod
     def _softmax_dtype(compute_dtype):
