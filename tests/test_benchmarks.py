@@ -146,3 +146,60 @@ def test_interleaved_times_alternate_the_order_of_the_cases():
     assert calls == ["a", "b"] + ["a", "b", "b", "a", "a", "b", "b", "a"]
     assert [len(t) for t in times.values()] == [4, 4]
     assert measure.side_by_side({"a": lambda: None}, 0.0, 2) == {"a": pytest.approx(0.0, abs=0.01)}
+
+
+def test_datasheet_peaks_match_the_most_specific_device_name():
+    from benchmarks.train_mfu import datasheet_peak
+
+    assert datasheet_peak("NVIDIA H200", "bfloat16") == pytest.approx(989.4e12)
+    assert datasheet_peak("NVIDIA H200 NVL", "bfloat16") == pytest.approx(835.5e12)
+    assert datasheet_peak("NVIDIA H100 80GB HBM3", "float16") == pytest.approx(989.4e12)
+    assert datasheet_peak("NVIDIA H100 PCIe", "bfloat16") == pytest.approx(756e12)
+    assert datasheet_peak("NVIDIA A100-SXM4-80GB", "float32") == pytest.approx(156e12)  # TF32
+    assert datasheet_peak("NVIDIA A100-SXM4-80GB", "float32", tf32=False) == pytest.approx(19.5e12)
+    assert datasheet_peak("NVIDIA L40S", "bfloat16") == pytest.approx(362.1e12)  # not the L4's
+    assert datasheet_peak("NVIDIA L4", "bfloat16") == pytest.approx(121e12)
+    assert datasheet_peak("NVIDIA H100 NVL", "bfloat16") is None
+    assert datasheet_peak("Tesla T4", "float16") is None
+    with pytest.raises(ValueError, match="compute dtype 'int8'"):
+        datasheet_peak("NVIDIA H200", "int8")
+
+
+def test_train_mfu_times_the_steps_it_counts():
+    """An epoch must run exactly the steps whose FLOPs are counted: Keras runs whole
+    executions, so 3 steps at 2 per execution would run 4."""
+    import numpy as np
+
+    from benchmarks import train_mfu
+    from keras_vit import flops
+    from keras_vit.training import recipes
+
+    config = keras_vit.get_config("ViT-Ti/16").replace(image_size=32, num_classes=3)
+    assert train_mfu.step_flops(config, 4) == 24 * flops.forward_macs(config, executed=True)
+    model = measure.fresh_models(lambda: {"ours": keras_vit.create_model(config)}, "float32")["ours"]
+    recipes.compile_model(model, recipes.get_recipe("pretrain", batch_size=2), total_steps=20,
+                          jit_compile=False, steps_per_execution=2)
+    images, labels = np.zeros((2, 32, 32, 3), "float32"), np.zeros(2, "int32")
+    lines = []
+    seconds = train_mfu.epoch_seconds(model, images, labels, steps=4, epochs=2, log=lines.append)
+    assert len(seconds) == 2 and min(seconds) > 0
+    assert int(model.optimizer.iterations.numpy()) == 3 * 4  # the warm-up epoch and two timed ones
+    assert "warm-up (not timed)" in lines[0] and lines[1].endswith("img/s")
+    with pytest.raises(ValueError, match=r"multiple of steps_per_execution \(2\)"):
+        train_mfu.epoch_seconds(model, images, labels, steps=3, epochs=1)
+
+
+def test_train_mfu_reports_its_figures(tmp_path):
+    import subprocess
+    import sys
+
+    result = subprocess.run(
+        [sys.executable, "-m", "benchmarks.train_mfu", "--model=ViT-Ti/16", "--image_size=32",
+         "--batch_size=2", "--steps=2", "--epochs=1", "--steps_per_execution=1", "--jit=false",
+         "--precision=float32", "--peak_tflops=1"],
+        capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = result.stdout
+    assert "ViT-Ti/16 at 32 px, batch 2, float32, XLA off" in out
+    assert "img/s in the fastest epoch" in out and "of the float32 tf.matmul peak measured here" in out
+    assert "MFU" in out and "of 1.0 TFLOP/s (--peak_tflops)" in out

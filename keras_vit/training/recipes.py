@@ -204,9 +204,14 @@ def metrics(num_classes: int):
 
 
 def compile_model(model: keras.Model, recipe: Recipe, total_steps: int, jit_compile="auto",
-                  gradient_accumulation_steps: Optional[int] = None) -> keras.Model:
-    """Compiles `model` for `model.fit` with the recipe's optimizer, loss and top-1/top-5."""
+                  gradient_accumulation_steps: Optional[int] = None,
+                  steps_per_execution: int = 1) -> keras.Model:
+    """Compiles `model` for `model.fit` with the recipe's optimizer, loss and top-1/top-5.
+
+    `steps_per_execution`: steps per call of Keras's train function (fewer host round
+    trips on an accelerator)."""
     num_classes = int(model.outputs[0].shape[-1])
     model.compile(optimizer=make_optimizer(recipe, total_steps, model, gradient_accumulation_steps),
-                  loss=make_loss(recipe, num_classes), metrics=metrics(num_classes), jit_compile=jit_compile)
+                  loss=make_loss(recipe, num_classes), metrics=metrics(num_classes), jit_compile=jit_compile,
+                  steps_per_execution=steps_per_execution)
     return model
