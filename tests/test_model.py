@@ -157,6 +157,18 @@ def test_fresh_model_predicts_the_head_bias():
     np.testing.assert_array_equal(logits, -3.0)
 
 
+def test_predict_traces_at_most_twice_over_batch_sizes():
+    """A ragged last batch relaxes the batch dimension once; no batch size after it
+    traces (and, with XLA, compiles) the forward pass again."""
+    model = randomise(tiny(), seed=2)
+    x = np.random.RandomState(0).uniform(-1, 1, (70, *images().shape[1:])).astype("float32")
+    whole = model.predict(x, batch_size=32, verbose=0)  # 32, 32, then 6
+    for batch_size in (16, 9, 70):
+        np.testing.assert_allclose(model.predict(x, batch_size=batch_size, verbose=0), whole,
+                                   rtol=1e-5, atol=1e-5)
+    assert model.predict_function.experimental_get_tracing_count() == 2
+
+
 def test_mixed_bfloat16_keeps_logits_float32_and_close():
     x = images()
     ref = randomise(tiny(), seed=1)
