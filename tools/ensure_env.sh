@@ -4,17 +4,39 @@
 # keras-hub to compare against) into .venv-bench, a directory for PYTHONPATH, so
 # that the main environment never holds it.
 #
-# The 3.4 GB environment lives in a cache directory keyed by the lock's hash and
+# On a host with an NVIDIA GPU (nvidia-smi lists one), the environment also holds
+# TensorFlow's CUDA libraries (requirements/gpu-lock.txt); KERAS_VIT_GPU=1 or 0
+# overrides the detection.
+#
+# The 3.4 GB environment lives in a cache directory keyed by the locks' hash and
 # .venv is a symlink to it, so a fresh clone (CI's included) reuses an existing
 # install instead of spending five minutes repeating it.
+#
+# --print-venv prints the environment's directory and changes nothing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 lock=requirements/lock.txt
+gpu=${KERAS_VIT_GPU:-auto}
+if [ "$gpu" = auto ]; then
+  gpu=0
+  if command -v nvidia-smi >/dev/null && nvidia-smi -L 2>/dev/null | grep -q '^GPU'; then
+    gpu=1
+  fi
+elif [ "$gpu" != 0 ] && [ "$gpu" != 1 ]; then
+  echo "error: KERAS_VIT_GPU must be 0, 1 or auto, got '$gpu'" >&2
+  exit 2
+fi
+locks=("$lock")
+[ "$gpu" = 1 ] && locks+=(requirements/gpu-lock.txt)
 # The key covers this script too, so a change to how the env is built rebuilds it.
-hash=$(cat "$lock" "$0" | sha256sum | cut -c1-16)
+hash=$(cat "${locks[@]}" "$0" | sha256sum | cut -c1-16)
 cache_root=${KERAS_VIT_VENV_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/keras-vit}
 venv="$cache_root/venv-$hash"
+if [ "${1:-}" = "--print-venv" ]; then
+  echo "$venv"
+  exit 0
+fi
 
 find_python() {
   local candidate
@@ -39,6 +61,9 @@ find_python() {
 
 if [ ! -f "$venv/.lock-installed" ]; then
   py=$(find_python)
+  if [ "$gpu" = 1 ]; then
+    echo "With TensorFlow's CUDA libraries (requirements/gpu-lock.txt, about 3 GB more): a GPU was found"
+  fi
   echo "Creating the environment for lock $hash in $venv (about 5 minutes, 3.4 GB)..."
   # Installed in place (console scripts hard-code their interpreter's path); the
   # stamp written last marks it complete, so an interrupted install is redone.
@@ -47,7 +72,9 @@ if [ ! -f "$venv/.lock-installed" ]; then
   "$py" -m venv "$venv"
   "$venv/bin/python" -m pip install --quiet --disable-pip-version-check uv==0.13.9
   # --no-deps with a fully pinned lock: nothing left for a resolver to backtrack on.
-  "$venv/bin/uv" pip install --quiet --no-deps --python "$venv/bin/python" -r "$lock"
+  requirements=()
+  for l in "${locks[@]}"; do requirements+=(-r "$l"); done
+  "$venv/bin/uv" pip install --quiet --no-deps --python "$venv/bin/python" "${requirements[@]}"
   touch "$venv/.lock-installed"
 fi
 
