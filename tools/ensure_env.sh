@@ -18,10 +18,12 @@ cd "$(dirname "$0")/.."
 
 lock=requirements/lock.txt
 gpu=${KERAS_VIT_GPU:-auto}
+why="KERAS_VIT_GPU=$gpu"
 if [ "$gpu" = auto ]; then
   gpu=0
   if command -v nvidia-smi >/dev/null && nvidia-smi -L 2>/dev/null | grep -q '^GPU'; then
     gpu=1
+    why="nvidia-smi lists a GPU"
   fi
 elif [ "$gpu" != 0 ] && [ "$gpu" != 1 ]; then
   echo "error: KERAS_VIT_GPU must be 0, 1 or auto, got '$gpu'" >&2
@@ -62,7 +64,7 @@ find_python() {
 if [ ! -f "$venv/.lock-installed" ]; then
   py=$(find_python)
   if [ "$gpu" = 1 ]; then
-    echo "With TensorFlow's CUDA libraries (requirements/gpu-lock.txt, about 3 GB more): a GPU was found"
+    echo "With TensorFlow's CUDA libraries (requirements/gpu-lock.txt, about 3 GB more): $why"
   fi
   echo "Creating the environment for lock $hash in $venv (about 5 minutes, 3.4 GB)..."
   # Installed in place (console scripts hard-code their interpreter's path); the
