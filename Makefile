@@ -31,7 +31,7 @@ bench: env
 lock: env
 	.venv/bin/uv pip compile --quiet --python-version 3.10 --python-platform x86_64-manylinux_2_17 \
 	  requirements/requirements.in -o requirements/lock.txt
-	@echo "Re-resolve the bench extra too: uv pip compile ... -c requirements/lock.txt requirements/requirements.in requirements/bench.in (see requirements/bench-lock.txt)"
+	@echo "Re-resolve the bench and GPU extras too: uv pip compile ... -c requirements/lock.txt requirements/requirements.in requirements/bench.in (or gpu.in; see the header of requirements/bench-lock.txt and gpu-lock.txt)"
 
 clean:
 	rm -rf .venv .venv-bench .pytest_cache saved_models/*/ build *.egg-info
