@@ -81,9 +81,9 @@ def device() -> tuple:
     if gpus:
         details = tf.config.experimental.get_device_details(gpus[0])
         return "/GPU:0", details.get("device_name", "GPU")
-    from keras_vit.training.precision import cpu_flags
+    from keras_vit.training.precision import FAST_BF16_CPU_FLAGS, cpu_flags
 
-    bf16 = sorted({"amx_bf16", "avx512_bf16"} & cpu_flags())
+    bf16 = sorted(set(FAST_BF16_CPU_FLAGS) & cpu_flags())
     return "/CPU:0", f"CPU, {os.cpu_count()} cores" + (f" ({', '.join(bf16)})" if bf16 else "")
 
 
@@ -124,12 +124,13 @@ def epoch_seconds(model, images, labels, steps: int, epochs: int, log=print) -> 
     return timer.seconds[1:]
 
 
-def peak_device_memory_gib(device_name: str) -> Optional[float]:
+def peak_device_memory_gib(where: str) -> Optional[float]:
+    """Peak memory of the GPU `where` ("/GPU:0") so far; None for a CPU."""
     import tensorflow as tf
 
-    if not device_name.startswith("/GPU"):
+    if not where.startswith("/GPU"):
         return None
-    return tf.config.experimental.get_memory_info(device_name.lstrip("/"))["peak"] / 2 ** 30
+    return tf.config.experimental.get_memory_info(where.lstrip("/"))["peak"] / 2 ** 30
 
 
 def define_flags():
@@ -166,7 +167,7 @@ def main(argv):
     where, name = device()
     gpu = where.startswith("/GPU")
     policy = resolve_precision(FLAGS.precision)
-    compute = {"float32": "float32", "mixed_bfloat16": "bfloat16", "mixed_float16": "float16"}[policy]
+    compute = keras.DTypePolicy(policy).compute_dtype
     batch = FLAGS.batch_size or (256 if gpu else 8)
     config = get_config(FLAGS.model).replace(image_size=FLAGS.image_size, num_classes=1000)
     setup = f"batch {batch}, {policy}, XLA {'on' if FLAGS.jit else 'off'}"
@@ -192,11 +193,12 @@ def main(argv):
     with tf.device(where):
         seconds = np.asarray(epoch_seconds(model, images, labels, FLAGS.steps, FLAGS.epochs))
 
-    achieved = step_flops(config, batch) * FLAGS.steps / seconds.min()
+    rate = batch * FLAGS.steps / seconds.min()
+    per_image = step_flops(config, 1)
+    achieved = per_image * rate
     print(f"\n{FLAGS.model}, {FLAGS.image_size} px, {setup}, {name}:")
-    print(f"- {batch * FLAGS.steps / seconds.min():.1f} img/s in the fastest epoch "
-          f"({batch * FLAGS.steps / np.median(seconds):.1f} median), "
-          f"{achieved / 1e12:.3g} TFLOP/s ({step_flops(config, 1) / 1e9:.1f} GFLOP per image)")
+    print(f"- {rate:.1f} img/s in the fastest epoch ({batch * FLAGS.steps / np.median(seconds):.1f} median), "
+          f"{achieved / 1e12:.3g} TFLOP/s ({per_image / 1e9:.1f} GFLOP per image)")
     print(f"- {100 * achieved / measured:.1f}% of the {compute} tf.matmul peak measured here "
           f"({measured / 1e12:.3g} TFLOP/s)")
     if peak:

@@ -20,10 +20,14 @@ def cpu_flags(path: str = "/proc/cpuinfo") -> set:
     return set()
 
 
+# /proc/cpuinfo's names for AMX-BF16 and AVX512-BF16.
+FAST_BF16_CPU_FLAGS = ("amx_bf16", "avx512_bf16")
+
+
 def has_fast_bf16_cpu(flags=None) -> bool:
     """AMX-BF16 or AVX512-BF16: oneDNN runs bf16 matmuls natively (2-4x float32 on AMX)."""
     flags = cpu_flags() if flags is None else flags
-    return bool({"amx_bf16", "avx512_bf16"} & set(flags))
+    return bool(set(FAST_BF16_CPU_FLAGS) & set(flags))
 
 
 def gpu_compute_capabilities() -> list:
