@@ -12,7 +12,7 @@ noise; rerun with more `--min_rounds`. For inference it also
 prints the largest logit difference and the top-1 agreement between the two. The
 weights are random, so the logits are nearly tied: read the difference, since top-1
 can flip on a tiny one (especially at batch 1).
-A change's speedup measured this way is what the README reports. Figures, never
+A change's speedup measured this way is what benchmarks/RESULTS.md reports. Figures, never
 assertions.
 """
 

@@ -1,6 +1,6 @@
 """Images/s of our ViTs against keras-hub's `ViTBackbone`, and against the machine's matmul peak.
 
-    make bench                                   # the README's table (installs the bench extra)
+    make bench                                   # benchmarks/RESULTS.md's tables (installs the bench extra)
     python -m benchmarks.vit_throughput --mode=train --models=ViT-Ti/16 --batch_sizes=32
 
 For every model, precision, batch size and XLA setting it times, in one process
