@@ -273,9 +273,7 @@ def main(argv):
 
     model = load_model_or_exit(FLAGS.model, FLAGS.image_size)
     if FLAGS.precision is not None:
-        policy = precision.resolve_precision(FLAGS.precision)
-        if policy != precision.model_policy(model):
-            model = precision.with_policy(model, policy)
+        model = precision.to_precision(model, FLAGS.precision)
     names = None
     if FLAGS.class_names_file:
         with open(FLAGS.class_names_file) as f:

@@ -16,6 +16,7 @@ from typing import List, Optional
 import tensorflow_model_analysis as tfma
 from tfx import v1 as tfx
 
+from keras_vit.training import ConfigError, precision
 from pipeline import components, ingest
 
 # A module path rather than a module file: TFX then builds no wheel, and the same
@@ -72,19 +73,26 @@ def create_pipeline(
     metadata_path: Optional[str],
     beam_pipeline_args: List[str],
     enable_cache: bool = True,
+    serving_precision: Optional[str] = None,
 ) -> tfx.dsl.Pipeline:
     """The pipeline object; `metadata_path` None leaves ML Metadata to the orchestrator.
 
     Raises ValueError for a `train_config` the Trainer would refuse, so that a bad
     flag fails here rather than after ingestion, statistics and de-duplication. Its
     `weights` must exist here only for a local run (`metadata_path` set), which
-    trains on this machine.
+    trains on this machine. `serving_precision` is the dtype policy the pushed
+    SavedModel computes in (one of `keras_vit.training.precision.PRECISIONS`); None
+    keeps the training precision.
     """
     import tensorflow_data_validation as tfdv
 
     from pipeline import trainer_module
 
-    custom_config = {**train_config, "model_name": model_name, "code_digest": code_digest()}
+    if serving_precision is not None and serving_precision not in precision.PRECISIONS:
+        raise ConfigError(f"serving_precision must be one of {precision.PRECISIONS} or None, "
+                          f"got {serving_precision!r}")
+    custom_config = {**train_config, "model_name": model_name, "code_digest": code_digest(),
+                     "serving_precision": serving_precision}
     trainer_module.train_config(custom_config, train_steps, output_dir=pipeline_root).validate(
         check_paths=metadata_path is not None)
 

@@ -244,6 +244,10 @@ def _define_flags():
     flags.DEFINE_string("weights", None, "Checkpoint to start from (with --recipe=finetune).")
     flags.DEFINE_enum("precision", "auto", list(PRECISIONS),
                       "Dtype policy; auto picks bf16 on bf16 hardware.")
+    flags.DEFINE_enum("serving_precision", None, list(PRECISIONS),
+                      "Dtype policy the pushed SavedModel computes in; default --precision's. bf16 is fast "
+                      "only on AMX/AVX512-BF16 CPUs and recent GPUs: for a bf16-trained model served on "
+                      "other CPUs, pass float32. auto means the Trainer's machine.")
     flags.DEFINE_enum("strategy", "auto", list(STRATEGIES), "tf.distribute strategy for the Trainer.")
     flags.DEFINE_string("pipeline_name", "keras-vit",
                         "Pipeline name ([a-z0-9][a-z0-9-]*, as Kubeflow needs).")
@@ -298,7 +302,7 @@ def build_from_flags(FLAGS):
         model_name=FLAGS.model_name, dedup_threshold=FLAGS.dedup_threshold,
         accuracy_threshold=FLAGS.accuracy_threshold, metadata_path=metadata_path if local else None,
         beam_pipeline_args=beam_args(FLAGS.beam_direct_workers, FLAGS.beam_pipeline_args),
-        enable_cache=FLAGS.enable_cache)
+        enable_cache=FLAGS.enable_cache, serving_precision=FLAGS.serving_precision)
     return pipeline, spec, metadata_path
 
 

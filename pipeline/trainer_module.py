@@ -2,7 +2,9 @@
 
 TFX calls `run_fn(fn_args)`. `fn_args.custom_config` holds `keras_vit.training`
 `TrainConfig` fields (model, model_overrides, image_size, batch_size, learning_rate,
-precision, strategy, ...); `fn_args.train_steps` is the number of optimizer updates.
+precision, strategy, ...), plus `model_name`, `code_digest` and `serving_precision`
+(the dtype policy of the SavedModel written; None: the training precision).
+`fn_args.train_steps` is the number of optimizer updates.
 The examples are the pipeline's (`image`, `label`, `source_id`), read with the
 same preprocessing and recipes as `python -m keras_vit.train`.
 """
@@ -16,9 +18,10 @@ import os
 from tfx.components.trainer.fn_args_utils import FnArgs
 
 from keras_vit import data, export
+from keras_vit.training import precision
 from keras_vit.training import run as training
 
-_NOT_TRAIN_CONFIG = ("model_name", "code_digest")
+_NOT_TRAIN_CONFIG = ("model_name", "code_digest", "serving_precision")
 
 
 def _examples_root(file_patterns):
@@ -47,7 +50,12 @@ def run_fn(fn_args: FnArgs) -> None:
     source = data.TFRecordSource("pipeline_examples", files, class_names)
     cfg = train_config(fn_args.custom_config, fn_args.train_steps, fn_args.model_run_dir)
     result = training.train(cfg, source=source)
-    export.write_saved_model(result["model_obj"], fn_args.serving_model_dir, class_names=class_names,
-                             model_name=(fn_args.custom_config or {}).get("model_name", "model"))
+    custom = fn_args.custom_config or {}
+    model = result["model_obj"]
+    if custom.get("serving_precision") is not None:
+        model = precision.to_precision(model, custom["serving_precision"])
+    export.write_saved_model(model, fn_args.serving_model_dir, class_names=class_names,
+                             model_name=custom.get("model_name", "model"))
     metrics = {k: v for k, v in result.items() if k.startswith("eval_")}
-    print(f"Trainer: {json.dumps(metrics)}; serving model in {fn_args.serving_model_dir}", flush=True)
+    print(f"Trainer: {json.dumps(metrics)}; serving model ({precision.model_policy(model)}) in "
+          f"{fn_args.serving_model_dir}", flush=True)

@@ -79,6 +79,19 @@ def test_compute_dtype_twin_holds_cast_weights_and_gives_the_same_outputs(policy
     assert keras_vit.compute_dtype_twin(float32) is float32
 
 
+def test_to_precision_returns_the_model_or_its_twin_under_the_policy():
+    from keras_vit.training.precision import model_policy, to_precision
+
+    mixed = with_policy(randomise(tiny()), "mixed_bfloat16")
+    assert to_precision(mixed, "mixed_bfloat16") is mixed
+    float32 = to_precision(mixed, "float32")
+    assert model_policy(float32) == "float32" and float32.config == mixed.config
+    for a, b in zip(float32.get_weights(), mixed.get_weights()):
+        np.testing.assert_array_equal(a, b)
+    with pytest.raises(ValueError, match="precision must be one of"):
+        to_precision(mixed, "bf16")
+
+
 def test_non_square_images_and_any_multiple_of_the_patch():
     model = tiny(image_size=(32, 48))
     assert model.config.grid_size == (4, 6)

@@ -66,8 +66,10 @@ def runs(fmnist, tmp_path_factory):
     base = tmp_path_factory.mktemp("pipeline")
     images = str(base / "images")
     planted = write_image_folder(images, train_x, train_y, test_x, test_y, fashion_mnist.CLASS_NAMES)
+    # Trained in bf16 and served in float32, as for CPUs without fast bf16.
     common = [f"--image_dir={images}", f"--pipeline_root={base / 'root'}",
-              f"--serving_dir={base / 'serving'}", "--model_name=fmnist"]
+              f"--serving_dir={base / 'serving'}", "--model_name=fmnist",
+              "--precision=mixed_bfloat16", "--serving_precision=float32"]
     first = run_pipeline(*common, *SMALL)
     second = run_pipeline(*common, *SMALL)
     worse = run_pipeline(*common, *[f for f in SMALL if "accuracy" not in f], "--learning_rate=0",
@@ -136,22 +138,29 @@ def test_planted_copies_were_removed(runs):
 
 
 def test_pushed_model_loads_and_predicts(runs):
-    summary, _ = runs["first"]
+    summary, proc = runs["first"]
+    assert "serving model (float32) in" in proc.stdout  # --serving_precision, not the bf16 training
     code = (
         "import sys, tensorflow as tf\n"
         "m = tf.saved_model.load(sys.argv[1])\n"
-        "out = m.signatures['serving_default'](image_bytes=tf.constant([open(sys.argv[2], 'rb').read()]))\n"
+        "f = m.signatures['serving_default']\n"
+        "out = f(image_bytes=tf.constant([open(sys.argv[2], 'rb').read()]))\n"
+        "g = f.graph.as_graph_def()\n"
+        "ops = [*g.node, *(n for x in g.library.function for n in x.node_def)]\n"
+        "bf16 = any(a.type == tf.bfloat16.as_datatype_enum for n in ops for a in n.attr.values())\n"
         "print(out['class_names'].numpy()[0].decode(), float(tf.reduce_sum(out['probabilities'])),\n"
-        "      sep='\\t')\n")
+        "      sorted({v.dtype.name for v in m.variables if v.dtype.is_floating}),\n"
+        "      bf16, sep='\\t')\n")
     image = next(p for p in runs["planted"] if p.endswith(".png"))
     proc = subprocess.run([sys.executable, "-c", code, summary["serving_model_path"],
                            os.path.join(runs["base"], "images", image)],
                           capture_output=True, text=True, timeout=300,
                           env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
     assert proc.returncode == 0, proc.stderr[-3000:]
-    name, total = proc.stdout.strip().split("\t")
+    name, total, dtypes, any_bf16 = proc.stdout.strip().split("\t")
     assert name in os.listdir(os.path.join(runs["base"], "images", "train"))  # folder names are the classes
     assert abs(float(total) - 1.0) < 1e-4
+    assert (dtypes, any_bf16) == ("['float32']", "False")  # float32 weights, and no bf16 op
 
 
 def test_second_run_reuses_the_cache_and_pushes_nothing(runs):
@@ -235,14 +244,16 @@ def test_the_definition_checks_the_trainer_config_and_local_weights_only():
     from pipeline import definition, ingest
     from pipeline.run import beam_args
 
-    def create(train_config, metadata_path):
+    def create(train_config, metadata_path, **kwargs):
         return definition.create_pipeline(
             pipeline_name="p", pipeline_root="/nonexistent/root",
             source=ingest.SourceSpec(tfrecords={"train": "/x"}), input_fingerprint="0",
             train_config=train_config, train_steps=1, serving_dir="/nonexistent/serving", model_name="m",
             dedup_threshold=0.9, accuracy_threshold=0.5, metadata_path=metadata_path,
-            beam_pipeline_args=beam_args(1))
+            beam_pipeline_args=beam_args(1), **kwargs)
 
+    with pytest.raises(ConfigError, match="serving_precision must be one of"):
+        create({}, metadata_path=None, serving_precision="bf16")
     with pytest.raises(ConfigError, match="precision must be one of"):
         create({"precision": "fp8"}, metadata_path=None)
     with pytest.raises(ConfigError, match="weights /nonexistent/ViT-B_16.npz not found"):

@@ -77,6 +77,13 @@ def with_policy(model, policy: str):
     return twin
 
 
+def to_precision(model, precision: str):
+    """`model` computing under `precision` (one of PRECISIONS; `auto` is resolved for
+    this machine): `model` itself if it already does, else its `with_policy` twin."""
+    policy = resolve_precision(precision)
+    return model if policy == model_policy(model) else with_policy(model, policy)
+
+
 def model_policy(model) -> str:
     """The dtype policy a model's layers compute in (a ViT's head is float32 under any)."""
     from keras_vit.vit import VisionTransformer
