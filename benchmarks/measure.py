@@ -80,6 +80,17 @@ def speedup(base_seconds, new_seconds, confidence: float = 0.9, resamples: int =
     return float(np.median(ratios)), float(low), float(high)
 
 
+def fastest_per_round(*variants) -> np.ndarray:
+    """Each round's fastest of one model's `variants` (`[rounds]` times from one
+    `interleaved_times`, e.g. the model with XLA off and on): `[rounds]`. Two such
+    series pair round by round in `speedup`, so "each at its best setting" gets an
+    interval too."""
+    arrays = [np.asarray(v, dtype=float) for v in variants]
+    if not arrays or any(a.ndim != 1 or a.shape != arrays[0].shape for a in arrays):
+        raise ValueError(f"need equal [rounds] series, got shapes {[a.shape for a in arrays]}")
+    return np.minimum.reduce(arrays)
+
+
 def format_speedup(estimate: Tuple[float, float, float]) -> str:
     """`1.05x (1.01-1.09)`: a `speedup` with its interval."""
     median, low, high = estimate

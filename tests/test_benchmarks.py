@@ -139,6 +139,20 @@ def test_speedup_refuses_unpaired_rounds():
         measure.speedup([1.0], [1.0], confidence=1.0)
 
 
+def test_fastest_per_round_pairs_each_model_at_its_best_setting():
+    import numpy as np
+
+    off, on = np.array([3.0, 1.0, 2.0]), np.array([2.0, 2.0, 2.5])
+    np.testing.assert_array_equal(measure.fastest_per_round(off, on), [2.0, 1.0, 2.0])
+    np.testing.assert_array_equal(measure.fastest_per_round(off), off)
+    # Ours best with XLA off, theirs with it on: each round compares the two bests.
+    theirs = measure.fastest_per_round([4.0, 1.5, 4.0], [3.0, 2.0, 3.0])
+    assert measure.speedup(theirs, measure.fastest_per_round(off, on))[0] == 1.5
+    for bad in ([], [off, on[:2]], [off.reshape(1, 3)]):
+        with pytest.raises(ValueError, match="equal"):
+            measure.fastest_per_round(*bad)
+
+
 def test_interleaved_times_alternate_the_order_of_the_cases():
     calls = []
     times = measure.interleaved_times({"a": lambda: calls.append("a"), "b": lambda: calls.append("b")},
@@ -205,3 +219,21 @@ def test_train_mfu_reports_its_figures():
     assert "ViT-Ti/16 at 32 px, batch 2, float32, XLA off" in out
     assert "img/s in the fastest epoch" in out and "of the float32 tf.matmul peak measured here" in out
     assert "MFU" in out and "of 1.0 TFLOP/s (--peak_tflops)" in out
+
+
+def test_vit_throughput_reports_a_row_per_xla_setting():
+    import os
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    result = subprocess.run(
+        [sys.executable, "-m", "benchmarks.vit_throughput", "--keras_hub=false", "--models=ViT-Ti/16",
+         "--image_size=32", "--batch_sizes=2", "--precisions=float32", "--jit=false,true",
+         "--min_seconds=0", "--min_rounds=3"],
+        capture_output=True, text=True, timeout=600, cwd=root)
+    assert result.returncode == 0, result.stderr[-3000:]
+    table = result.stdout.split("inference, 32 px; peak: ")[1]
+    rows = [r for r in table.splitlines() if r.startswith("| ViT-Ti/16 | float32 | 2 |")]
+    assert [r.split(" | ")[3] for r in rows] == ["off", "on"], table
+    assert "best of jit on/off" not in result.stdout  # the comparison needs keras-hub
