@@ -4,7 +4,7 @@ import keras
 import pytest
 
 import keras_vit
-from benchmarks import measure
+from benchmarks import measure, targets
 from keras_vit import zoo
 
 
@@ -153,6 +153,46 @@ def test_fastest_per_round_pairs_each_model_at_its_best_setting():
             measure.fastest_per_round(*bad)
 
 
+def test_verdict_needs_the_whole_interval_on_one_side_of_the_target():
+    assert targets.verdict((1.26, 1.23, 1.29), 1.2) == "yes"
+    assert targets.verdict((1.25, 1.2, 1.3), 1.2) == "yes"  # at the target counts
+    assert targets.verdict((1.164, 1.130, 1.197), 1.2) == "no"
+    assert targets.verdict((1.19, 1.14, 1.22), 1.2) == "at the edge"
+
+
+def test_best_row_judges_the_paired_ratio_and_what_the_target_needs():
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    drift = rng.uniform(1.0, 1.5, 40)
+    hub = drift * (1 + rng.normal(0, 0.01, 40))
+    ours = drift / 1.3 * (1 + rng.normal(0, 0.01, 40))
+    # 10 GFLOP an image against a 100 GFLOP/s peak: 1.5x keras-hub's fastest call
+    # (32 / min(hub) img/s) needs 1.5 * 32 / min(hub) * 10 / 100 of the peak.
+    row = targets.best_row("ViT-X", "mixed_bfloat16", 32, ours, hub, 10e9, 100e9, 1.5)
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[:3] == ["ViT-X", "mixed_bfloat16", "32"]
+    assert float(cells[3]) == pytest.approx(32 / ours.min(), abs=0.05)
+    assert float(cells[4]) == pytest.approx(32 / hub.min(), abs=0.05)
+    assert cells[5].startswith("1.3") and cells[6:8] == ["1.5x", "no"]
+    assert cells[8] == f"{100 * 1.5 * 32 / hub.min() * 0.1:.0f}%"
+    met = targets.best_row("ViT-X", "float32", 32, ours, hub, 10e9, 100e9, 1.2)
+    assert met.split(" | ")[6:8] == ["1.2x", "yes"]
+    unjudged = targets.best_row("ViT-X", "mixed_float16", 32, ours, hub, 10e9, 100e9)
+    assert unjudged.endswith("| - | - | - |")
+    assert len(row.split("|")) == len(targets.BEST_HEADER.splitlines()[0].split("|"))
+
+
+def test_targets_parse_and_refuse_what_no_row_could_be_judged_by():
+    assert targets.parse_targets(targets.ISSUE_TARGETS["inference"]) == {
+        "float32": 1.2, "mixed_bfloat16": 1.5}
+    assert targets.parse_targets(targets.ISSUE_TARGETS["train"]) == {
+        "float32": 1.0, "mixed_bfloat16": 1.0}
+    for bad in ("float32", "float32=", "float32=fast", "float32=0", "mixed_bf16=1.5", "auto=1.2", "=1.2"):
+        with pytest.raises(ValueError, match="precision=ratio"):
+            targets.parse_targets([bad])
+
+
 def test_interleaved_times_alternate_the_order_of_the_cases():
     calls = []
     times = measure.interleaved_times({"a": lambda: calls.append("a"), "b": lambda: calls.append("b")},
@@ -237,3 +277,7 @@ def test_vit_throughput_reports_a_row_per_xla_setting():
     rows = [r for r in table.splitlines() if r.startswith("| ViT-Ti/16 | float32 | 2 |")]
     assert [r.split(" | ")[3] for r in rows] == ["off", "on"], table
     assert "best of jit on/off" not in result.stdout  # the comparison needs keras-hub
+    refused = subprocess.run([sys.executable, "-m", "benchmarks.vit_throughput", "--targets=float32=fast"],
+                             capture_output=True, text=True, timeout=600, cwd=root)
+    assert refused.returncode != 0 and "precision=ratio" in refused.stderr, refused.stderr[-3000:]
+    assert "Measuring" not in refused.stdout  # refused before any work
