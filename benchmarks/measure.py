@@ -80,6 +80,39 @@ def speedup(base_seconds, new_seconds, confidence: float = 0.9, resamples: int =
     return float(np.median(ratios)), float(low), float(high)
 
 
+def pooled_speedup(runs, confidence: float = 0.9, resamples: int = 2000,
+                   seed: int = 0) -> Tuple[float, float, float]:
+    """`speedup` over several runs: the geometric mean of the runs' median paired
+    ratios, and a bootstrap interval that resamples the runs, then each run's rounds.
+
+    `runs` is a list of `(base_seconds, new_seconds)`, each pair `[rounds]` from one
+    run (runs may hold different numbers of rounds). Every run weighs the same, since
+    what a run shares (the process, the hour's neighbours on the cores) moved the ratio
+    between runs by more than the rounds within one did; so with few runs the interval
+    spans about their spread, and one run gives `speedup`'s median with a like interval.
+    """
+    if not 0 < confidence < 1:
+        raise ValueError(f"confidence must be in (0, 1), got {confidence}")
+    if not runs:
+        raise ValueError("need at least one run")
+    ratios = []
+    for base, new in runs:
+        base, new = np.asarray(base, dtype=float), np.asarray(new, dtype=float)
+        if base.shape != new.shape or base.ndim != 1 or not len(base):
+            raise ValueError(f"need the same number of rounds for both, got {base.shape} and {new.shape}")
+        ratios.append(base / new)
+    rng = np.random.default_rng(seed)
+
+    def resampled_log_median(r):
+        return np.log(np.median(r[rng.integers(0, len(r), len(r))]))
+
+    estimates = [np.mean([resampled_log_median(ratios[j]) for j in rng.integers(0, len(ratios), len(ratios))])
+                 for _ in range(resamples)]
+    tail = (1 - confidence) / 2
+    low, high = np.exp(np.quantile(estimates, [tail, 1 - tail]))
+    return float(np.exp(np.mean([np.log(np.median(r)) for r in ratios]))), float(low), float(high)
+
+
 def fastest_per_round(*variants) -> np.ndarray:
     """Each round's fastest of one model's `variants` (`[rounds]` times from one
     `interleaved_times`, e.g. the model with XLA off and on): `[rounds]`. Two such

@@ -58,6 +58,27 @@ def best_row(name, precision, batch, ours_times, hub_times, flops_per_image, pea
             f"{measure.format_speedup(estimate)} | {judged} |")
 
 
+POOLED_HEADER = ("| model | precision | batch | runs | each run's ours / keras-hub | pooled (90% interval) "
+                 "| target | met? | each run alone |\n|---|---|---:|---:|---|---:|---:|---|---|")
+
+
+def pooled_row(name, precision, batch, runs, target=None):
+    """The pooled table's row from several runs' `(keras-hub, ours)` per-round times
+    (`run_record.best_of_pairs`): each run's paired ratio, the pooled ratio with its
+    interval over runs and rounds (`measure.pooled_speedup`), and, for a `target`, the
+    verdict on the pooled interval and how each run alone would have judged it."""
+    each = [measure.speedup(hub, ours) for hub, ours in runs]
+    pooled = measure.pooled_speedup(runs)
+    judged = "- | - | -"
+    if target is not None:
+        alone = [verdict(e, target) for e in each]
+        counts = ", ".join(f"{alone.count(v)} {v}" for v in ("yes", "at the edge", "no") if v in alone)
+        judged = f"{target:g}x | {verdict(pooled, target)} | {counts}"
+    medians = ", ".join(f"{e[0]:.3f}" for e in each)
+    return (f"| {name} | {precision} | {batch} | {len(runs)} | {medians} | "
+            f"{measure.format_speedup(pooled)} | {judged} |")
+
+
 def verdict(estimate: Tuple[float, float, float], target: float) -> str:
     """Whether a `speedup` estimate meets `target`: "yes" when its whole interval is at
     or above it, "no" when the whole interval is below it, "at the edge" when the

@@ -16,7 +16,9 @@ prints the share of the peak ours would need to reach the target, keras-hub's fa
 call times the target: above 100%, no faster graph can meet it on that machine.
 Inference counts 2 x MACs per image, as our model executes them
 (`keras_vit.flops.forward_macs(executed=True)`); a training step 6 x.
-Figures, never assertions.
+With `--times_out=run.json` it also saves every timed call, and `benchmarks.pool_runs`
+judges the targets over several such runs, since on shared cores the ratio moves
+between runs by more than one run's interval is wide. Figures, never assertions.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from __future__ import annotations
 import numpy as np
 from absl import app, flags
 
-from benchmarks import measure, targets
+from benchmarks import measure, run_record, targets
 
 FLAGS = flags.FLAGS
 flags.DEFINE_enum("mode", "inference", ["inference", "train"], "Forward passes, or whole training steps.")
@@ -40,6 +42,8 @@ flags.DEFINE_bool("keras_hub", True, "Also time keras-hub's ViTBackbone (needs `
 flags.DEFINE_list("targets", [],
                   "precision=ratio: the ours / keras-hub each precision's best-of row is judged against "
                   "(default: the issue's for --mode, benchmarks.targets.ISSUE_TARGETS).")
+flags.DEFINE_string("times_out", None,
+                    "Also save every timed call here (JSON), for benchmarks.pool_runs to pool several runs.")
 
 
 def _build(kind, config, num_classes):
@@ -61,10 +65,16 @@ def main(argv):
         target_ratios = targets.parse_targets(FLAGS.targets or targets.ISSUE_TARGETS[FLAGS.mode])
     except ValueError as e:
         raise app.UsageError(str(e))
+    if FLAGS.times_out:  # a path that cannot be written is refused before the long work
+        try:
+            run_record.save(run_record.new_record(FLAGS.mode, FLAGS.image_size, {}), FLAGS.times_out)
+        except OSError as e:
+            raise app.UsageError(f"--times_out: cannot write {FLAGS.times_out}: {e}")
     kinds = ["ours", "keras-hub"] if FLAGS.keras_hub else ["ours"]
     print("Measuring the tf.matmul peak (2048 x 2048)...", flush=True)
     peak = measure.matmul_peak()
     print(", ".join(f"{k}: {v / 1e9:.0f} GFLOP/s" for k, v in peak.items()))
+    record = run_record.new_record(FLAGS.mode, FLAGS.image_size, peak)
     flop_factor = 2 if FLAGS.mode == "inference" else 6
     num_classes = 0 if FLAGS.mode == "inference" else 1000
     header = ("| model | precision | batch | jit | ours img/s | keras-hub img/s "
@@ -92,6 +102,9 @@ def main(argv):
                      for case, m in models.items()},
                     len(models) * FLAGS.min_seconds, FLAGS.min_rounds)
                 del models
+                run_record.add_row(record, name, precision, batch, flops_per_image, times)
+                if FLAGS.times_out:  # after every case: an interrupted run keeps what it timed
+                    run_record.save(record, FLAGS.times_out)
                 for jit in jits:
                     ours = batch / times["ours", jit].min()
                     share = ours * flops_per_image / peak[compute]
@@ -119,6 +132,8 @@ def main(argv):
         print("\nEach at its best of jit on/off, round by round (the issue's comparison):")
         print(targets.BEST_HEADER)
         print("\n".join(best))
+    if FLAGS.times_out:
+        print(f"\nEvery timed call: {FLAGS.times_out} (pool runs: python -m benchmarks.pool_runs FILE...)")
 
 
 if __name__ == "__main__":

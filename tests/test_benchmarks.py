@@ -4,7 +4,7 @@ import keras
 import pytest
 
 import keras_vit
-from benchmarks import measure, targets
+from benchmarks import measure, run_record, targets
 from keras_vit import zoo
 
 
@@ -193,6 +193,141 @@ def test_targets_parse_and_refuse_what_no_row_could_be_judged_by():
             targets.parse_targets([bad])
 
 
+def _paired_rounds(rng, ratio, rounds=40):
+    drift = rng.uniform(1.0, 1.5, rounds)  # the machine's load, shared by a round's two calls
+    return drift * (1 + rng.normal(0, 0.01, rounds)), drift / ratio * (1 + rng.normal(0, 0.01, rounds))
+
+
+def test_pooled_speedup_weighs_each_run_alike_and_spans_their_spread():
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    runs = [_paired_rounds(rng, r, rounds) for r, rounds in ((1.1, 40), (1.2, 16), (1.4, 16))]
+    estimate, low, high = measure.pooled_speedup(runs)
+    # Not the median of all 72 rounds (1.1, the longest run's).
+    assert estimate == pytest.approx((1.1 * 1.2 * 1.4) ** (1 / 3), abs=0.01)
+    assert low < 1.15 and high > 1.3  # between-run spread, which no one run's interval shows
+    for base, new in runs:
+        _, run_low, run_high = measure.speedup(base, new)
+        assert run_high - run_low < 0.05
+    # One run: speedup's median, with an interval like speedup's.
+    one = measure.pooled_speedup(runs[1:2])
+    assert one[0] == measure.speedup(*runs[1])[0]
+    assert one[1:] == pytest.approx(measure.speedup(*runs[1])[1:], abs=0.01)
+    with pytest.raises(ValueError, match="at least one run"):
+        measure.pooled_speedup([])
+    with pytest.raises(ValueError, match="same number of rounds"):
+        measure.pooled_speedup([runs[0], (runs[1][0], runs[1][1][:3])])
+    with pytest.raises(ValueError, match="confidence"):
+        measure.pooled_speedup(runs, confidence=0.0)
+
+
+def test_pooled_row_judges_the_pooled_interval_and_shows_each_run():
+    import numpy as np
+
+    rng = np.random.default_rng(1)
+    runs = [(hub, ours) for hub, ours in (_paired_rounds(rng, r) for r in (1.14, 1.26, 1.22))]
+    row = targets.pooled_row("ViT-X", "float32", 32, runs, 1.2)
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[:4] == ["ViT-X", "float32", "32", "3"]
+    assert [float(m) for m in cells[4].split(", ")] == pytest.approx([1.14, 1.26, 1.22], abs=0.01)
+    assert cells[6:8] == ["1.2x", "at the edge"]
+    assert cells[8] == "2 yes, 1 no"  # alone, two runs would have called it met
+    assert targets.pooled_row("ViT-X", "float32", 32, runs, 1.05).split(" | ")[7] == "yes"
+    assert targets.pooled_row("ViT-X", "float32", 32, runs).endswith("| - | - | - |")
+    assert len(row.split("|")) == len(targets.POOLED_HEADER.splitlines()[0].split("|"))
+
+
+def _record(machine="AMD EPYC, 2 CPUs, avx512_bf16", kinds=("ours", "keras-hub"), ratio=1.2, seed=0):
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    record = run_record.new_record("inference", 224, {"float32": 2e11})
+    record["machine"] = machine
+    hub, ours = _paired_rounds(rng, ratio, 12)
+    times = {("ours", False): ours, ("ours", True): ours * 1.1,  # ours best without XLA
+             ("keras-hub", False): hub * 1.2, ("keras-hub", True): hub}  # keras-hub best with it
+    run_record.add_row(record, "ViT-X", "float32", 32, 1e9, {k: v for k, v in times.items() if k[0] in kinds})
+    return record
+
+
+def test_run_record_round_trips_and_pairs_each_model_at_its_best_setting(tmp_path):
+    path = str(tmp_path / "runs" / "1.json")
+    run_record.save(_record(), path)
+    record = run_record.load(path)
+    assert record == _record()
+    assert set(record["rows"][0]["times"]["ours"]) == {"off", "on"}
+    pairs = run_record.best_of_pairs([record, _record(seed=1)], [path, "b"])
+    (((name, precision, batch), runs),) = pairs.items()
+    assert (name, precision, batch) == ("ViT-X", "float32", 32) and len(runs) == 2
+    assert measure.speedup(*runs[0])[0] == pytest.approx(1.2, abs=0.01)
+    with pytest.raises(ValueError, match="keras_hub=false"):
+        run_record.best_of_pairs([_record(kinds=("ours",))], ["solo.json"])
+
+
+def test_run_record_refuses_what_it_did_not_write(tmp_path):
+    for text, match in (("not json", "is not JSON"),
+                        ('{"rows": []}', "is not a keras-vit-throughput/1 record"),
+                        ("[1, 2]", "is not a keras-vit-throughput/1 record")):
+        (tmp_path / "bad.json").write_text(text)
+        with pytest.raises(ValueError, match=match):
+            run_record.load(str(tmp_path / "bad.json"))
+    unpaired = _record()
+    unpaired["rows"][0]["times"]["keras-hub"]["on"].pop()
+    run_record.save(unpaired, str(tmp_path / "unpaired.json"))
+    with pytest.raises(ValueError, match="same, non-zero number of rounds"):
+        run_record.load(str(tmp_path / "unpaired.json"))
+    timeless = _record()
+    del timeless["rows"][0]["times"]
+    run_record.save(timeless, str(tmp_path / "timeless.json"))
+    with pytest.raises(ValueError, match="a row has no times"):
+        run_record.load(str(tmp_path / "timeless.json"))
+
+
+def test_run_record_names_the_cores(tmp_path):
+    import os
+
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("processor\t: 0\nmodel name\t: Intel(R) Xeon(R) Platinum 8480+\n"
+                       "flags\t\t: fpu avx512f avx512_bf16 amx_bf16 amx_tile\n")
+    cpus = len(os.sched_getaffinity(0))
+    assert run_record.machine(str(cpuinfo)) == (
+        f"Intel(R) Xeon(R) Platinum 8480+, {cpus} CPUs, amx_bf16+avx512_bf16")
+    assert run_record.machine(str(tmp_path / "none")) == f"unknown CPU, {cpus} CPUs, no bf16"
+
+
+def test_pool_runs_pools_records_and_refuses_runs_it_cannot_pool(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    paths = []
+    for i, ratio in enumerate((1.14, 1.26, 1.22)):
+        paths.append(str(tmp_path / f"{i}.json"))
+        run_record.save(_record(ratio=ratio, seed=i), paths[-1])
+    run_record.save(_record(machine="Intel Xeon, 2 CPUs, amx_bf16"), str(tmp_path / "xeon.json"))
+    run_record.save(run_record.new_record("inference", 224, {}), str(tmp_path / "stopped.json"))
+
+    def pool(*args):
+        return subprocess.run([sys.executable, "-m", "benchmarks.pool_runs", *args],
+                              capture_output=True, text=True, timeout=600, cwd=root)
+
+    result = pool(*paths)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "3 runs of inference at 224 px on AMD EPYC, 2 CPUs, avx512_bf16" in result.stdout
+    (row,) = [r for r in result.stdout.splitlines() if r.startswith("| ViT-X |")]
+    assert row.split(" | ")[3] == "3" and row.split(" | ")[6:8] == ["1.2x", "at the edge"], row
+    assert pool("--targets=float32=1.05", *paths).stdout.count("| 1.05x | yes |") == 1
+    for args, message in (((), "pass the records to pool"),
+                          ((paths[0], str(tmp_path / "missing.json")), "no such file"),
+                          ((paths[0], str(tmp_path / "xeon.json")), "the runs differ in machine"),
+                          ((str(tmp_path / "stopped.json"),), "holds no timed case"),
+                          (("--targets=float32=fast", paths[0]), "precision=ratio")):
+        refused = pool(*args)
+        assert refused.returncode != 0 and message in refused.stderr, (args, refused.stderr[-2000:])
+
+
 def test_interleaved_times_alternate_the_order_of_the_cases():
     calls = []
     times = measure.interleaved_times({"a": lambda: calls.append("a"), "b": lambda: calls.append("b")},
@@ -261,7 +396,7 @@ def test_train_mfu_reports_its_figures():
     assert "MFU" in out and "of 1.0 TFLOP/s (--peak_tflops)" in out
 
 
-def test_vit_throughput_reports_a_row_per_xla_setting():
+def test_vit_throughput_reports_a_row_per_xla_setting(tmp_path):
     import os
     import subprocess
     import sys
@@ -270,9 +405,16 @@ def test_vit_throughput_reports_a_row_per_xla_setting():
     result = subprocess.run(
         [sys.executable, "-m", "benchmarks.vit_throughput", "--keras_hub=false", "--models=ViT-Ti/16",
          "--image_size=32", "--batch_sizes=2", "--precisions=float32", "--jit=false,true",
-         "--min_seconds=0", "--min_rounds=3"],
+         "--min_seconds=0", "--min_rounds=3", f"--times_out={tmp_path}/run.json"],
         capture_output=True, text=True, timeout=600, cwd=root)
     assert result.returncode == 0, result.stderr[-3000:]
+    assert f"Every timed call: {tmp_path}/run.json" in result.stdout
+    saved = run_record.load(f"{tmp_path}/run.json")
+    assert (saved["mode"], saved["image_size"]) == ("inference", 32)
+    assert set(saved["peak"]) == {"float32", "bfloat16"}
+    ((row),) = saved["rows"]
+    assert (row["model"], row["precision"], row["batch"]) == ("ViT-Ti/16", "float32", 2)
+    assert {s: len(t) for s, t in row["times"]["ours"].items()} == {"off": 3, "on": 3}
     table = result.stdout.split("inference, 32 px; peak: ")[1]
     rows = [r for r in table.splitlines() if r.startswith("| ViT-Ti/16 | float32 | 2 |")]
     assert [r.split(" | ")[3] for r in rows] == ["off", "on"], table
@@ -281,3 +423,8 @@ def test_vit_throughput_reports_a_row_per_xla_setting():
                              capture_output=True, text=True, timeout=600, cwd=root)
     assert refused.returncode != 0 and "precision=ratio" in refused.stderr, refused.stderr[-3000:]
     assert "Measuring" not in refused.stdout  # refused before any work
+    unwritable = subprocess.run([sys.executable, "-m", "benchmarks.vit_throughput",
+                                 f"--times_out={tmp_path}/run.json/below.json"],
+                                capture_output=True, text=True, timeout=600, cwd=root)
+    assert unwritable.returncode != 0 and "--times_out: cannot write" in unwritable.stderr
+    assert "Measuring" not in unwritable.stdout
