@@ -67,12 +67,8 @@ def speedup(base_seconds, new_seconds, confidence: float = 0.9, resamples: int =
     to 8% between runs, the median of 60 paired ratios by at most 1.1%. An interval
     that holds 1 means the two were not told apart.
     """
-    base, new = np.asarray(base_seconds, dtype=float), np.asarray(new_seconds, dtype=float)
-    if base.shape != new.shape or base.ndim != 1 or not len(base):
-        raise ValueError(f"need the same number of rounds for both, got {base.shape} and {new.shape}")
-    if not 0 < confidence < 1:
-        raise ValueError(f"confidence must be in (0, 1), got {confidence}")
-    ratios = base / new
+    ratios = _paired_ratios(base_seconds, new_seconds)
+    _check_confidence(confidence)
     picks = np.random.default_rng(seed).integers(0, len(ratios), (resamples, len(ratios)))
     medians = np.median(ratios[picks], axis=1)
     tail = (1 - confidence) / 2
@@ -91,16 +87,10 @@ def pooled_speedup(runs, confidence: float = 0.9, resamples: int = 2000,
     between runs by more than the rounds within one did; so with few runs the interval
     spans about their spread, and one run gives `speedup`'s median with a like interval.
     """
-    if not 0 < confidence < 1:
-        raise ValueError(f"confidence must be in (0, 1), got {confidence}")
+    _check_confidence(confidence)
     if not runs:
         raise ValueError("need at least one run")
-    ratios = []
-    for base, new in runs:
-        base, new = np.asarray(base, dtype=float), np.asarray(new, dtype=float)
-        if base.shape != new.shape or base.ndim != 1 or not len(base):
-            raise ValueError(f"need the same number of rounds for both, got {base.shape} and {new.shape}")
-        ratios.append(base / new)
+    ratios = [_paired_ratios(base, new) for base, new in runs]
     rng = np.random.default_rng(seed)
 
     def resampled_log_median(r):
@@ -111,6 +101,18 @@ def pooled_speedup(runs, confidence: float = 0.9, resamples: int = 2000,
     tail = (1 - confidence) / 2
     low, high = np.exp(np.quantile(estimates, [tail, 1 - tail]))
     return float(np.exp(np.mean([np.log(np.median(r)) for r in ratios]))), float(low), float(high)
+
+
+def _paired_ratios(base_seconds, new_seconds) -> np.ndarray:
+    base, new = np.asarray(base_seconds, dtype=float), np.asarray(new_seconds, dtype=float)
+    if base.shape != new.shape or base.ndim != 1 or not len(base):
+        raise ValueError(f"need the same number of rounds for both, got {base.shape} and {new.shape}")
+    return base / new
+
+
+def _check_confidence(confidence):
+    if not 0 < confidence < 1:
+        raise ValueError(f"confidence must be in (0, 1), got {confidence}")
 
 
 def fastest_per_round(*variants) -> np.ndarray:

@@ -57,10 +57,13 @@ def add_row(record: dict, model: str, precision: str, batch: int, flops_per_imag
 
 
 def save(record: dict, path: str) -> None:
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    with open(path, "w") as f:
+    """Writes `record` to `path` whole or not at all (an interrupted write leaves the
+    last complete version)."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    partial = f"{path}.partial"
+    with open(partial, "w") as f:
         json.dump(record, f)
+    os.replace(partial, path)
 
 
 def load(path: str) -> dict:

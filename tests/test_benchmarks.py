@@ -254,6 +254,8 @@ def _record(machine="AMD EPYC, 2 CPUs, avx512_bf16", kinds=("ours", "keras-hub")
 def test_run_record_round_trips_and_pairs_each_model_at_its_best_setting(tmp_path):
     path = str(tmp_path / "runs" / "1.json")
     run_record.save(_record(), path)
+    run_record.save(_record(), path)  # over the last version, through a file beside it
+    assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == ["1.json"]
     record = run_record.load(path)
     assert record == _record()
     assert set(record["rows"][0]["times"]["ours"]) == {"off", "on"}
