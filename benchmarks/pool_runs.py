@@ -32,6 +32,8 @@ def main(argv):
     if not paths:
         raise app.UsageError("pass the records to pool: "
                              "python -m benchmarks.pool_runs run1.json run2.json ...")
+    if len({os.path.realpath(p) for p in paths}) < len(paths):
+        raise app.UsageError("a record is passed twice: each run would count twice")
     records = []
     for path in paths:
         if not os.path.isfile(path):

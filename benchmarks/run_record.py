@@ -97,17 +97,25 @@ def best_of_pairs(records, paths) -> Dict[tuple, list]:
     """`(model, precision, batch)` -> one `(keras-hub, ours)` pair of `[rounds]` times per
     run that timed it, each model at its best XLA setting round by round
     (`measure.fastest_per_round`), in the order the cases were first timed. ValueError
-    for a run without keras-hub's times."""
+    for a run without keras-hub's times, or one that timed other XLA settings of a case
+    than the run before it (its best of them would be another comparison)."""
     from benchmarks import measure
 
     cases: Dict[tuple, list] = {}
+    settings: Dict[tuple, str] = {}
     for record, path in zip(records, paths):
         for row in record["rows"]:
             missing = [kind for kind in KINDS if kind not in row["times"]]
             if missing:
                 raise ValueError(f"{path}: {row['model']} has no {' or '.join(missing)} times (a run with "
                                  f"--keras_hub=false); pooling compares ours with keras-hub")
+            key = (row["model"], row["precision"], row["batch"])
+            timed = "; ".join(f"{kind} XLA {'/'.join(sorted(row['times'][kind]))}" for kind in KINDS)
+            if settings.setdefault(key, timed) != timed:
+                raise ValueError(f"{path}: {row['model']} {row['precision']} batch {row['batch']} was timed "
+                                 f"with {timed}, a run before it with {settings[key]}; "
+                                 f"pool runs of the same --jit")
             hub, ours = (measure.fastest_per_round(*row["times"][kind].values())
                          for kind in ("keras-hub", "ours"))
-            cases.setdefault((row["model"], row["precision"], row["batch"]), []).append((hub, ours))
+            cases.setdefault(key, []).append((hub, ours))
     return cases

@@ -265,6 +265,11 @@ def test_run_record_round_trips_and_pairs_each_model_at_its_best_setting(tmp_pat
     assert measure.speedup(*runs[0])[0] == pytest.approx(1.2, abs=0.01)
     with pytest.raises(ValueError, match="keras_hub=false"):
         run_record.best_of_pairs([_record(kinds=("ours",))], ["solo.json"])
+    xla_off = _record(seed=2)
+    for kind in run_record.KINDS:
+        del xla_off["rows"][0]["times"][kind]["on"]
+    with pytest.raises(ValueError, match="pool runs of the same --jit"):
+        run_record.best_of_pairs([record, xla_off], [path, "off.json"])
 
 
 def test_run_record_refuses_what_it_did_not_write(tmp_path):
@@ -325,6 +330,7 @@ def test_pool_runs_pools_records_and_refuses_runs_it_cannot_pool(tmp_path):
                           ((paths[0], str(tmp_path / "missing.json")), "no such file"),
                           ((paths[0], str(tmp_path / "xeon.json")), "the runs differ in machine"),
                           ((str(tmp_path / "stopped.json"),), "holds no timed case"),
+                          ((paths[0], paths[0]), "passed twice"),
                           (("--targets=float32=fast", paths[0]), "precision=ratio")):
         refused = pool(*args)
         assert refused.returncode != 0 and message in refused.stderr, (args, refused.stderr[-2000:])
