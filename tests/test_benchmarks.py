@@ -160,13 +160,15 @@ def test_verdict_needs_the_whole_interval_on_one_side_of_the_target():
     assert targets.verdict((1.19, 1.14, 1.22), 1.2) == "at the edge"
 
 
+def _paired_rounds(rng, ratio, rounds=40):
+    drift = rng.uniform(1.0, 1.5, rounds)  # the machine's load, shared by a round's two calls
+    return drift * (1 + rng.normal(0, 0.01, rounds)), drift / ratio * (1 + rng.normal(0, 0.01, rounds))
+
+
 def test_best_row_judges_the_paired_ratio_and_what_the_target_needs():
     import numpy as np
 
-    rng = np.random.default_rng(0)
-    drift = rng.uniform(1.0, 1.5, 40)
-    hub = drift * (1 + rng.normal(0, 0.01, 40))
-    ours = drift / 1.3 * (1 + rng.normal(0, 0.01, 40))
+    hub, ours = _paired_rounds(np.random.default_rng(0), 1.3)
     # 10 GFLOP an image against a 100 GFLOP/s peak: 1.5x keras-hub's fastest call
     # (32 / min(hub) img/s) needs 1.5 * 32 / min(hub) * 10 / 100 of the peak.
     row = targets.best_row("ViT-X", "mixed_bfloat16", 32, ours, hub, 10e9, 100e9, 1.5)
@@ -191,11 +193,6 @@ def test_targets_parse_and_refuse_what_no_row_could_be_judged_by():
     for bad in ("float32", "float32=", "float32=fast", "float32=0", "mixed_bf16=1.5", "auto=1.2", "=1.2"):
         with pytest.raises(ValueError, match="precision=ratio"):
             targets.parse_targets([bad])
-
-
-def _paired_rounds(rng, ratio, rounds=40):
-    drift = rng.uniform(1.0, 1.5, rounds)  # the machine's load, shared by a round's two calls
-    return drift * (1 + rng.normal(0, 0.01, rounds)), drift / ratio * (1 + rng.normal(0, 0.01, rounds))
 
 
 def test_pooled_speedup_weighs_each_run_alike_and_spans_their_spread():
@@ -226,7 +223,7 @@ def test_pooled_row_judges_the_pooled_interval_and_shows_each_run():
     import numpy as np
 
     rng = np.random.default_rng(1)
-    runs = [(hub, ours) for hub, ours in (_paired_rounds(rng, r) for r in (1.14, 1.26, 1.22))]
+    runs = [_paired_rounds(rng, r) for r in (1.14, 1.26, 1.22)]
     row = targets.pooled_row("ViT-X", "float32", 32, runs, 1.2)
     cells = [c.strip() for c in row.strip("|").split("|")]
     assert cells[:4] == ["ViT-X", "float32", "32", "3"]
