@@ -10,7 +10,8 @@ ratio of the two models at their best XLA settings (as `vit_throughput`'s last t
 the pooled ratio with an interval over runs and rounds (`measure.pooled_speedup`), the
 verdict on that interval against the target (`--targets`, by default the issue's for
 the runs' mode), and how each run alone judged it. The runs must come from one
-machine, mode and resolution. Figures, never assertions.
+machine, mode and resolution, and time one version of the model code (the records'
+`code` digests; older records without one are not checked). Figures, never assertions.
 """
 
 from __future__ import annotations
@@ -49,6 +50,10 @@ def main(argv):
         if len(found) > 1:
             raise app.UsageError(f"the runs differ in {key} ({'; '.join(sorted(found))}): "
                                  f"pool runs of one {key} only")
+    codes = {r["code"] for r in records if r.get("code")}
+    if len(codes) > 1:
+        raise app.UsageError(f"the runs timed different keras_vit code ({', '.join(sorted(codes))}): "
+                             f"pool runs of one version of the model only")
     mode = records[0]["mode"]
     try:
         target_ratios = targets.parse_targets(FLAGS.targets or targets.ISSUE_TARGETS[mode])
@@ -56,8 +61,8 @@ def main(argv):
     except ValueError as e:
         raise app.UsageError(str(e))
     print(f"{len(records)} runs of {mode} at {records[0]['image_size']} px on {records[0]['machine']}:")
-    for i, path in enumerate(paths, 1):
-        print(f"  run {i}: {path}")
+    for i, (path, record) in enumerate(zip(paths, records), 1):
+        print(f"  run {i}: {path} ({run_record.provenance(record)})")
     print(targets.POOLED_HEADER)
     for (name, precision, batch), runs in cases.items():
         print(targets.pooled_row(name, precision, batch, runs, target_ratios.get(precision)))

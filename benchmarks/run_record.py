@@ -6,18 +6,26 @@ ratio is judged over several runs (`benchmarks.pool_runs`), each saved with
 `vit_throughput --times_out=run.json`. A record is JSON:
 
     {"format": "keras-vit-throughput/1", "machine": "AMD EPYC, 2 CPUs, avx512_bf16",
+     "started": "2026-12-04T02:40:11Z", "code": "3f9c0a1b2d4e", "commit": "b664298-dirty",
      "mode": "inference", "image_size": 224, "peak": {"float32": 2e11, ...},
      "rows": [{"model": "ViT-Ti/16", "precision": "float32", "batch": 32,
                "flops_per_image": 2.3e9,
                "times": {"ours": {"off": [seconds per round], "on": [...]},
                          "keras-hub": {...}}}]}
+
+`code` is a digest of the `keras_vit` sources the run timed, so runs of different model
+code are not pooled by mistake; `commit` is for people (git's, when there is one).
+Records written before these three keys were added lack them.
 """
 
 from __future__ import annotations
 
+import datetime
+import hashlib
 import json
 import os
-from typing import Dict, List
+import subprocess
+from typing import Dict, List, Optional
 
 FORMAT = "keras-vit-throughput/1"
 KINDS = ("ours", "keras-hub")
@@ -41,9 +49,52 @@ def machine(cpuinfo: str = "/proc/cpuinfo") -> str:
     return f"{name}, {len(os.sched_getaffinity(0))} CPUs, {'+'.join(bf16) or 'no bf16'}"
 
 
+def code_digest(package_dir: Optional[str] = None) -> str:
+    """12 hex digits of a SHA-256 over the `.py` files under `package_dir` (default: the
+    imported `keras_vit`), by relative path and content: the same for the same model
+    code, whatever the commit, and different for uncommitted edits."""
+    if package_dir is None:
+        import keras_vit
+
+        package_dir = os.path.dirname(os.path.abspath(keras_vit.__file__))
+    files = sorted(os.path.relpath(os.path.join(d, f), package_dir)
+                   for d, _, names in os.walk(package_dir) for f in names if f.endswith(".py"))
+    h = hashlib.sha256()
+    for rel in files:
+        with open(os.path.join(package_dir, rel), "rb") as f:
+            h.update(rel.replace(os.sep, "/").encode() + b"\0" + f.read() + b"\0")
+    return h.hexdigest()[:12]
+
+
+def git_commit(directory: str) -> Optional[str]:
+    """`git describe --always --dirty` in `directory` ("b664298-dirty"), or None outside git."""
+    try:
+        out = subprocess.run(["git", "-C", directory, "describe", "--always", "--dirty", "--abbrev=7"],
+                             capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if out.returncode != 0:
+        return None
+    return out.stdout.strip() or None
+
+
 def new_record(mode: str, image_size: int, peak: Dict[str, float]) -> dict:
-    return {"format": FORMAT, "machine": machine(), "mode": mode, "image_size": int(image_size),
+    import keras_vit
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(keras_vit.__file__)))
+    started = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return {"format": FORMAT, "machine": machine(), "started": started, "code": code_digest(),
+            "commit": git_commit(root), "mode": mode, "image_size": int(image_size),
             "peak": {k: float(v) for k, v in peak.items()}, "rows": []}
+
+
+def provenance(record: dict) -> str:
+    """When and of what code a run was: "started 2026-12-04 02:40 UTC, code 3f9c0a1b2d4e
+    (b664298-dirty)", with "not recorded" for what an older record lacks."""
+    started = record.get("started")
+    when = f"started {started[:10]} {started[11:16]} UTC" if started else "start not recorded"
+    code = f"code {record['code']}" if record.get("code") else "code not recorded"
+    return f"{when}, {code}" + (f" ({record['commit']})" if record.get("commit") else "")
 
 
 def add_row(record: dict, model: str, precision: str, batch: int, flops_per_image: float, times) -> None:

@@ -1,5 +1,7 @@
 """The benchmarks' shared set-up: each case must run under the precision it reports."""
 
+import re
+
 import keras
 import pytest
 
@@ -235,12 +237,13 @@ def test_pooled_row_judges_the_pooled_interval_and_shows_each_run():
     assert len(row.split("|")) == len(targets.POOLED_HEADER.splitlines()[0].split("|"))
 
 
-def _record(machine="AMD EPYC, 2 CPUs, avx512_bf16", kinds=("ours", "keras-hub"), ratio=1.2, seed=0):
+def _record(machine="AMD EPYC, 2 CPUs, avx512_bf16", kinds=("ours", "keras-hub"), ratio=1.2, seed=0,
+            code="3f9c0a1b2d4e"):
     import numpy as np
 
     rng = np.random.default_rng(seed)
     record = run_record.new_record("inference", 224, {"float32": 2e11})
-    record["machine"] = machine
+    record.update(machine=machine, started="2026-12-04T02:40:11Z", code=code, commit="b664298-dirty")
     hub, ours = _paired_rounds(rng, ratio, 12)
     times = {("ours", False): ours, ("ours", True): ours * 1.1,  # ours best without XLA
              ("keras-hub", False): hub * 1.2, ("keras-hub", True): hub}  # keras-hub best with it
@@ -300,6 +303,32 @@ def test_run_record_names_the_cores(tmp_path):
     assert run_record.machine(str(tmp_path / "none")) == f"unknown CPU, {cpus} CPUs, no bf16"
 
 
+def test_run_record_names_the_code_it_timed(tmp_path):
+    import os
+
+    record = run_record.new_record("inference", 224, {})
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", record["started"])
+    assert record["code"] == run_record.code_digest() and re.fullmatch(r"[0-9a-f]{12}", record["code"])
+    package = tmp_path / "pkg"
+    (package / "layers").mkdir(parents=True)
+    (package / "vit.py").write_text("A = 1\n")
+    (package / "layers" / "attention.py").write_text("B = 2\n")
+    (package / "notes.txt").write_text("not code")
+    before = run_record.code_digest(str(package))
+    (package / "notes.txt").write_text("still not code")
+    (package / "vit.pyc").write_bytes(b"compiled")
+    assert run_record.code_digest(str(package)) == before
+    (package / "layers" / "attention.py").write_text("B = 3\n")  # an uncommitted edit
+    assert run_record.code_digest(str(package)) != before
+    (package / "layers" / "attention.py").write_text("B = 2\n")
+    os.rename(package / "layers" / "attention.py", package / "layers" / "mlp.py")  # the path counts too
+    assert run_record.code_digest(str(package)) != before
+    assert run_record.git_commit(str(tmp_path)) is None  # not a git checkout
+    assert run_record.provenance(_record()) == (
+        "started 2026-12-04 02:40 UTC, code 3f9c0a1b2d4e (b664298-dirty)")
+    assert run_record.provenance({}) == "start not recorded, code not recorded"
+
+
 def test_pool_runs_pools_records_and_refuses_runs_it_cannot_pool(tmp_path):
     import os
     import subprocess
@@ -312,6 +341,11 @@ def test_pool_runs_pools_records_and_refuses_runs_it_cannot_pool(tmp_path):
         run_record.save(_record(ratio=ratio, seed=i), paths[-1])
     run_record.save(_record(machine="Intel Xeon, 2 CPUs, amx_bf16"), str(tmp_path / "xeon.json"))
     run_record.save(run_record.new_record("inference", 224, {}), str(tmp_path / "stopped.json"))
+    run_record.save(_record(code="0123456789ab"), str(tmp_path / "edited.json"))
+    older = _record(seed=4)
+    for key in ("started", "code", "commit"):  # as records written before these keys were
+        del older[key]
+    run_record.save(older, str(tmp_path / "older.json"))
 
     def pool(*args):
         return subprocess.run([sys.executable, "-m", "benchmarks.pool_runs", *args],
@@ -320,6 +354,11 @@ def test_pool_runs_pools_records_and_refuses_runs_it_cannot_pool(tmp_path):
     result = pool(*paths)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "3 runs of inference at 224 px on AMD EPYC, 2 CPUs, avx512_bf16" in result.stdout
+    provenance = "started 2026-12-04 02:40 UTC, code 3f9c0a1b2d4e (b664298-dirty)"
+    assert f"run 1: {paths[0]} ({provenance})" in result.stdout
+    mixed = pool(paths[0], str(tmp_path / "older.json"))  # a digest is checked where there is one
+    assert mixed.returncode == 0, mixed.stderr[-2000:]
+    assert "start not recorded, code not recorded" in mixed.stdout
     (row,) = [r for r in result.stdout.splitlines() if r.startswith("| ViT-X |")]
     assert row.split(" | ")[3] == "3" and row.split(" | ")[6:8] == ["1.2x", "at the edge"], row
     assert pool("--targets=float32=1.05", *paths).stdout.count("| 1.05x | yes |") == 1
@@ -328,6 +367,7 @@ def test_pool_runs_pools_records_and_refuses_runs_it_cannot_pool(tmp_path):
                           ((paths[0], str(tmp_path / "xeon.json")), "the runs differ in machine"),
                           ((str(tmp_path / "stopped.json"),), "holds no timed case"),
                           ((paths[0], paths[0]), "passed twice"),
+                          ((paths[0], str(tmp_path / "edited.json")), "timed different keras_vit code"),
                           (("--targets=float32=fast", paths[0]), "precision=ratio")):
         refused = pool(*args)
         assert refused.returncode != 0 and message in refused.stderr, (args, refused.stderr[-2000:])
@@ -416,6 +456,7 @@ def test_vit_throughput_reports_a_row_per_xla_setting(tmp_path):
     assert f"Every timed call: {tmp_path}/run.json" in result.stdout
     saved = run_record.load(f"{tmp_path}/run.json")
     assert (saved["mode"], saved["image_size"]) == ("inference", 32)
+    assert saved["code"] == run_record.code_digest()  # the keras_vit it timed
     assert set(saved["peak"]) == {"float32", "bfloat16"}
     ((row),) = saved["rows"]
     assert (row["model"], row["precision"], row["batch"]) == ("ViT-Ti/16", "float32", 2)
