@@ -78,14 +78,15 @@ def git_commit(directory: str) -> Optional[str]:
     return out.stdout.strip() or None
 
 
-def new_record(mode: str, image_size: int, peak: Dict[str, float]) -> dict:
+def new_record(mode: str, image_size: int, peak: Optional[Dict[str, float]] = None) -> dict:
+    """A record with no rows yet, started now; `peak` maps dtype to FLOP/s (`measure.matmul_peak`)."""
     import keras_vit
 
-    root = os.path.dirname(os.path.dirname(os.path.abspath(keras_vit.__file__)))
+    package = os.path.dirname(os.path.abspath(keras_vit.__file__))
     started = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-    return {"format": FORMAT, "machine": machine(), "started": started, "code": code_digest(),
-            "commit": git_commit(root), "mode": mode, "image_size": int(image_size),
-            "peak": {k: float(v) for k, v in peak.items()}, "rows": []}
+    return {"format": FORMAT, "machine": machine(), "started": started, "code": code_digest(package),
+            "commit": git_commit(os.path.dirname(package)), "mode": mode, "image_size": int(image_size),
+            "peak": {k: float(v) for k, v in (peak or {}).items()}, "rows": []}
 
 
 def provenance(record: dict) -> str:

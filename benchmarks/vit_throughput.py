@@ -65,16 +65,17 @@ def main(argv):
         target_ratios = targets.parse_targets(FLAGS.targets or targets.ISSUE_TARGETS[FLAGS.mode])
     except ValueError as e:
         raise app.UsageError(str(e))
+    record = run_record.new_record(FLAGS.mode, FLAGS.image_size)  # started now, before the peak
     if FLAGS.times_out:  # a path that cannot be written is refused before the long work
         try:
-            run_record.save(run_record.new_record(FLAGS.mode, FLAGS.image_size, {}), FLAGS.times_out)
+            run_record.save(record, FLAGS.times_out)
         except OSError as e:
             raise app.UsageError(f"--times_out: cannot write {FLAGS.times_out}: {e}")
     kinds = ["ours", "keras-hub"] if FLAGS.keras_hub else ["ours"]
     print("Measuring the tf.matmul peak (2048 x 2048)...", flush=True)
     peak = measure.matmul_peak()
     print(", ".join(f"{k}: {v / 1e9:.0f} GFLOP/s" for k, v in peak.items()))
-    record = run_record.new_record(FLAGS.mode, FLAGS.image_size, peak)
+    record["peak"] = peak
     flop_factor = 2 if FLAGS.mode == "inference" else 6
     num_classes = 0 if FLAGS.mode == "inference" else 1000
     header = ("| model | precision | batch | jit | ours img/s | keras-hub img/s "
