@@ -39,7 +39,8 @@ def main(argv):
 
     import keras_vit  # noqa: F401  (registers the saved model's classes)
     from keras_vit import data
-    from keras_vit.training.precision import cpu_flags, has_fast_bf16_cpu, top1_agreement, with_policy
+    from keras_vit.hardware import has_fast_bf16_cpu
+    from keras_vit.training.precision import top1_agreement, with_policy
 
     data.quiet_info_logs()
     model = keras.saving.load_model(FLAGS.model)
@@ -57,7 +58,7 @@ def main(argv):
     print(f"test top-1: float32 {np.mean(ours.argmax(-1) == labels):.2%}, "
           f"{FLAGS.policy} {np.mean(theirs.argmax(-1) == labels):.2%}")
     print(f"largest |logit difference|: {np.abs(ours - theirs).max():.4f}")
-    fast = "yes" if has_fast_bf16_cpu(cpu_flags()) else "no (bf16 is emulated)"
+    fast = "yes" if has_fast_bf16_cpu() else "no (bf16 is emulated)"
     f32 = _images_per_second(model, images, FLAGS.batch_size)
     bf16 = _images_per_second(twin, images, FLAGS.batch_size)
     print(f"images/s: float32 {f32:.0f}, {FLAGS.policy} {bf16:.0f} ({bf16 / f32:.2f}x); "

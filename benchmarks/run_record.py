@@ -34,7 +34,7 @@ KINDS = ("ours", "keras-hub")
 def machine(cpuinfo: str = "/proc/cpuinfo") -> str:
     """What a run's cores were: `"AMD EPYC, 2 CPUs, avx512_bf16"` (the CPU model, the
     CPUs this process may run on, and the bf16 matmul flags it has, or "no bf16")."""
-    from keras_vit.training.precision import FAST_BF16_CPU_FLAGS, cpu_flags
+    from keras_vit.hardware import bf16_instructions, cpu_flags
 
     name = "unknown CPU"
     try:
@@ -45,7 +45,7 @@ def machine(cpuinfo: str = "/proc/cpuinfo") -> str:
                     break
     except OSError:
         pass
-    bf16 = [f for f in FAST_BF16_CPU_FLAGS if f in cpu_flags(cpuinfo)]
+    bf16 = bf16_instructions(cpu_flags(cpuinfo))
     return f"{name}, {len(os.sched_getaffinity(0))} CPUs, {'+'.join(bf16) or 'no bf16'}"
 
 

@@ -81,9 +81,9 @@ def device() -> tuple:
     if gpus:
         details = tf.config.experimental.get_device_details(gpus[0])
         return "/GPU:0", details.get("device_name", "GPU")
-    from keras_vit.training.precision import FAST_BF16_CPU_FLAGS, cpu_flags
+    from keras_vit.hardware import bf16_instructions
 
-    bf16 = sorted(set(FAST_BF16_CPU_FLAGS) & cpu_flags())
+    bf16 = bf16_instructions()
     return "/CPU:0", f"CPU, {os.cpu_count()} cores" + (f" ({', '.join(bf16)})" if bf16 else "")
 
 

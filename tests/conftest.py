@@ -34,6 +34,27 @@ def pytest_collection_modifyitems(items):
     items.sort(key=lambda item: rank.get(item.path.name, len(SLOW_FIRST)))  # stable: files stay whole
 
 
+def skip_unless_onednn(dtype="float32"):
+    """For a test of what TF's oneDNN graph rewrites do: skips it, saying why, where TF
+    hands no `dtype` ops to oneDNN (AVX2-only cores, TF_ENABLE_ONEDNN_OPTS=0, a GPU).
+    `keras_vit.hardware` decides, as it does for the model's own graph forms."""
+    from keras_vit import hardware
+
+    if not hardware.onednn_runs(dtype):
+        pytest.skip(f"TF hands no {dtype} ops to oneDNN here ({hardware.describe()} cores, "
+                    f"TF_ENABLE_ONEDNN_OPTS={os.environ.get('TF_ENABLE_ONEDNN_OPTS', 'unset')})")
+
+
+def skip_unless_bf16_instructions():
+    """For a test of what XLA's CPU backend does with bf16 products: it hands them to
+    oneDNN only on cores with AMX-BF16 or AVX512-BF16, and elsewhere computes them in
+    float32 (TF's oneDNN switch does not enter into it)."""
+    from keras_vit import hardware
+
+    if not hardware.bf16_instructions():
+        pytest.skip(f"{hardware.describe()} cores have no AMX-BF16 or AVX512-BF16")
+
+
 def data_path(*parts):
     return os.path.join(DATA, *parts)
 

@@ -7,7 +7,9 @@ import pytest
 from keras import ops
 from keras.src import testing
 
-from keras_vit import layers
+from bf16_bounds import assert_within, error_bound, gelu
+from conftest import skip_unless_bf16_instructions, skip_unless_onednn
+from keras_vit import hardware, layers
 from keras_vit.layers import graph_kind
 from keras_vit.layers.attention import num_relative_positions, relative_position_index
 from keras_vit.layers.embedding import sincos_2d
@@ -260,16 +262,16 @@ def test_residual_adds_fuse_into_the_projections_at_inference(class_token_only, 
     a SavedModel's logits would differ from predict's static-batch ones.) In bf16
     with a dynamic batch the projections are tf.conds; this counts their matmul
     branches, which 10 rows take."""
+    import keras
     import tensorflow as tf
 
+    skip_unless_onednn(keras.DTypePolicy(policy).compute_dtype)
     block = layers.EncoderBlock(num_heads=2, mlp_dim=32, dtype=policy)
     block.build((None, 5, 16))
     fn = tf.function(lambda x: block(x, training=False, class_token_only=class_token_only),
                      input_signature=[tf.TensorSpec((None, 5, 16))])
     nodes = _executed_graph(fn, np.zeros((2, 5, 16), "float32"))
     fused = [list(n.attr["fused_ops"].list.s) for n in nodes if "FusedMatMul" in n.op]
-    if not fused:
-        pytest.skip("this TensorFlow build runs no fused oneDNN matmuls")
     assert fused.count([b"BiasAdd", b"Add"]) == 2, fused
 
 
@@ -303,8 +305,7 @@ def test_bf16_projections_run_as_pointwise_convolutions_from_enough_rows():
     Ti/16 1.15x at batch 32, side by side.)"""
     from keras_vit.layers.projection import CONV_MIN_ROWS
 
-    if not graph_kind.onednn_on_cpu():
-        pytest.skip("TF runs no oneDNN ops here")
+    skip_unless_onednn("bfloat16")
     batch = -(-CONV_MIN_ROWS // 64)
     ops_ = _projection_ops("mixed_bfloat16", batch, static=True)
     assert ops_["conv"] == [["BiasAdd"], ["BiasAdd", "Add"], ["BiasAdd", "Add"]], ops_
@@ -327,8 +328,7 @@ def test_bf16_fc1_runs_as_a_convolution_and_an_xla_gelu_only_where_never_saved()
     bf16 predict 1.10x at batch 32, side by side.)"""
     from keras_vit.layers.projection import CONV_MIN_ROWS
 
-    if not graph_kind.onednn_on_cpu():
-        pytest.skip("TF runs no oneDNN ops here")
+    skip_unless_onednn("bfloat16")
     batch = -(-CONV_MIN_ROWS // 64)
     ops_ = _projection_ops("mixed_bfloat16", batch, static=True, never_saved=True)
     assert ops_["conv"] == [["BiasAdd"], ["BiasAdd"], ["BiasAdd", "Add"], ["BiasAdd", "Add"]], ops_
@@ -352,8 +352,7 @@ def test_vit_predict_and_evaluate_steps_are_never_saved_traces():
 
     from keras_vit.training.precision import with_policy
 
-    if not graph_kind.onednn_on_cpu():
-        pytest.skip("TF runs no oneDNN ops here")
+    skip_unless_onednn("bfloat16")
     model = with_policy(randomise(tiny(patch_size=4)), "mixed_bfloat16")
     x = np.random.RandomState(0).uniform(-1, 1, (8, 32, 32, 3)).astype("float32")  # 8 x 65 rows: convolutions
     step = tf.function(model.predict_step)
@@ -371,26 +370,149 @@ def test_vit_predict_and_evaluate_steps_are_never_saved_traces():
     assert seen == [True]
 
 
+def _bf16_operands(rows, k=48, m=40, seed=0):
+    """Tokens `[rows, k]`, kernel `[k, m]`, bias `[m]` and residual `[rows, m]`, each
+    already representable in bfloat16 (float32 arrays), so that the exact map of these
+    operands is what a bf16 computation approximates."""
+    import tensorflow as tf
+
+    rng = np.random.RandomState(seed)
+    shapes = ((rows, k), (k, m), (m,), (rows, m))
+    return [tf.cast(tf.cast(rng.normal(size=s), tf.bfloat16), tf.float32).numpy() for s in shapes]
+
+
+def _affine(r, x, w, b, residual=None):
+    # Every intermediate rounded, as unfused bf16 ops do; a fused op rounds once.
+    y = r.rounded(r.product(x, w) + b)
+    return y if residual is None else r.rounded(y + residual)
+
+
+def _affine_gelu(approximate):
+    return lambda r, x, w, b: gelu(r, _affine(r, x, w, b), approximate)
+
+
+def _in_a_trace(fn, rows, static, *args):
+    """`fn(tokens, *args)` in a tf.function over bf16 tokens `[rows or None, 48]`."""
+    import tensorflow as tf
+
+    spec = tf.TensorSpec((rows if static else None, 48), tf.bfloat16)
+    return tf.function(lambda t: fn(t, *args), input_signature=[spec])
+
+
 @pytest.mark.parametrize("rows", [CONV_ROWS := 384, 100])
 @pytest.mark.parametrize("static", [True, False])
 @pytest.mark.parametrize("with_residual", [True, False])
-def test_projection_computes_the_affine_map_in_either_form(rows, static, with_residual):
+def test_projection_computes_the_affine_map(rows, static, with_residual):
+    """In whichever form these cores take at `rows`, within what bf16 arithmetic allows
+    (tests/bf16_bounds.py)."""
     import tensorflow as tf
 
     from keras_vit.layers import projection
 
     assert CONV_ROWS == projection.CONV_MIN_ROWS
-    rng = np.random.RandomState(0)
-    x, w, b, r = (rng.normal(size=s).astype("float32") for s in ((rows, 48), (48, 40), (40,), (rows, 40)))
-    as_bf16 = lambda a: tf.cast(a, tf.bfloat16)  # noqa: E731
-    args = (as_bf16(x), w, b, as_bf16(r) if with_residual else None)
-    spec = tf.TensorSpec((rows if static else None, 48), tf.bfloat16)
-    y = tf.function(lambda t: projection.project(t, *args[1:]), input_signature=[spec])(args[0])
+    x, w, b, res = _bf16_operands(rows)
+    operands = (x, w, b) + ((res,) if with_residual else ())
+    residual = tf.cast(res, tf.bfloat16) if with_residual else None
+    y = _in_a_trace(projection.project, rows, static, w, b, residual)(tf.cast(x, tf.bfloat16))
     assert y.dtype == tf.bfloat16
-    # The reference from the same bf16-rounded operands, in float64.
-    rounded = [np.asarray(tf.cast(as_bf16(a), tf.float32), np.float64) for a in (x, w, b, r)]
-    expected = rounded[0] @ rounded[1] + rounded[2] + (rounded[3] if with_residual else 0)
-    np.testing.assert_allclose(np.asarray(tf.cast(y, tf.float32)), expected, rtol=1e-2, atol=2e-2)
+    assert_within(tf.cast(y, tf.float32), *error_bound(_affine, *operands))
+
+
+@pytest.mark.parametrize("with_residual", [True, False])
+def test_both_projection_forms_compute_the_affine_map_on_these_cores(with_residual):
+    """The 1x1 convolution (bf16 inference where TF's oneDNN runs bf16) and the matmul
+    (everywhere else) compute the same map on whatever cores run the suite."""
+    import tensorflow as tf
+
+    from keras_vit.layers import projection
+
+    x, w, b, res = _bf16_operands(CONV_ROWS)
+    operands = (x, w, b) + ((res,) if with_residual else ())
+    expected = error_bound(_affine, *operands)
+    args = [tf.cast(a, tf.bfloat16) for a in (w, b)] + [tf.cast(res, tf.bfloat16) if with_residual else None]
+    for form in (projection._as_pointwise_conv, projection._as_matmul):
+        y = _in_a_trace(form, CONV_ROWS, True, *args)(tf.cast(x, tf.bfloat16))
+        assert_within(tf.cast(y, tf.float32), *expected)
+
+
+@pytest.mark.parametrize("rows", [CONV_ROWS, 100])
+@pytest.mark.parametrize("static", [True, False])
+@pytest.mark.parametrize("approximate", [True, False])
+def test_project_gelu_computes_the_map(rows, static, approximate):
+    """In whichever form these cores take, in a trace that could be saved and in one
+    that is never saved (where bf16 fc1 may run its GELU as an XLA kernel)."""
+    import tensorflow as tf
+
+    from keras_vit.layers import projection
+
+    x, w, b, _ = _bf16_operands(rows)
+    expected = error_bound(_affine_gelu(approximate), x, w, b)
+    for never_saved in (True, False):
+        fn = _in_a_trace(projection.project_gelu, rows, static, w, b, approximate)
+        with graph_kind.never_saved() if never_saved else contextlib.nullcontext():
+            y = fn(tf.cast(x, tf.bfloat16))
+        assert y.dtype == tf.bfloat16
+        assert_within(tf.cast(y, tf.float32), *expected)
+
+
+@pytest.mark.parametrize("approximate", [True, False])
+def test_both_fc1_forms_compute_the_map_on_these_cores(approximate):
+    """The 1x1 convolution then an XLA GELU (bf16 inference in Keras's predict step where
+    TF's oneDNN runs bf16) and the matmul with its GELU compute the same map on
+    whatever cores run the suite."""
+    import tensorflow as tf
+
+    from keras_vit.layers import projection
+
+    x, w, b, _ = _bf16_operands(CONV_ROWS)
+    expected = error_bound(_affine_gelu(approximate), x, w, b)
+    w16, b16 = tf.cast(w, tf.bfloat16), tf.cast(b, tf.bfloat16)
+    forms = (lambda t: projection._xla_gelu(projection._as_pointwise_conv(t, w16, b16, None), approximate),
+             lambda t: tf.nn.gelu(projection._as_matmul(t, w16, b16, None), approximate=approximate))
+    for form in forms:
+        assert_within(tf.cast(_in_a_trace(form, CONV_ROWS, True)(tf.cast(x, tf.bfloat16)), tf.float32),
+                      *expected)
+
+
+@pytest.mark.parametrize("class_token_only", [False, True])
+def test_a_block_computes_the_same_with_and_without_the_onednn_forms(monkeypatch, class_token_only):
+    """The forms written for oneDNN's rewrites (the LayerNorm pattern, the residual adds
+    inside the projections) and the plain ones compute the same block in float32 on
+    whatever cores run the suite, where the layers would pick either."""
+    import tensorflow as tf
+
+    block = layers.EncoderBlock(num_heads=2, mlp_dim=32)
+    block.build((None, 5, 16))
+    rng = np.random.RandomState(0)
+    for v in block.weights:
+        v.assign(rng.normal(0, 0.5, v.shape) + (1.0 if "gamma" in v.path else 0.0))
+    x = rng.normal(size=(3, 5, 16)).astype("float32")
+    outputs = []
+    for forms in (True, False):
+        monkeypatch.setattr(graph_kind, "onednn_inference",
+                            lambda training, dtype, on=forms: on and not training)
+        fn = tf.function(lambda t: block(t, training=False, class_token_only=class_token_only),
+                         input_signature=[tf.TensorSpec((None, 5, 16))])
+        kinds = {op.type for op in fn.get_concrete_function().graph.get_operations()}
+        assert ("FusedBatchNormV3" in kinds) is forms
+        outputs.append(fn(x).numpy())
+    np.testing.assert_allclose(*outputs, rtol=1e-5, atol=1e-5 * np.abs(outputs[1]).max())
+
+
+def test_the_bf16_bound_refuses_bfloat16_accumulation():
+    """The bound would catch products accumulated in bfloat16 (where float32 is meant),
+    and holds for the correctly rounded result of the exact float32 sum."""
+    import tensorflow as tf
+
+    x, w, b, _ = _bf16_operands(64, k=256)
+    exact, bound = error_bound(_affine, x, w, b)
+    to_bf16 = lambda a: tf.cast(tf.cast(a, tf.bfloat16), tf.float64).numpy()  # noqa: E731
+    assert_within(to_bf16(x.astype(np.float64) @ w + b), exact, bound)
+    partial = np.zeros((x.shape[0], w.shape[1]))
+    for k in range(x.shape[1]):  # a bf16 accumulator: each partial sum rounded
+        partial = to_bf16(partial + to_bf16(np.outer(x[:, k], w[k])))
+    with pytest.raises(AssertionError, match="beyond the bf16 bound"):
+        assert_within(to_bf16(partial + b), exact, bound)
 
 
 def _gelu64(h, approximate):
@@ -399,28 +521,6 @@ def _gelu64(h, approximate):
     from math import erf
 
     return 0.5 * h * (1 + np.vectorize(erf)(h / np.sqrt(2)))
-
-
-@pytest.mark.parametrize("rows", [CONV_ROWS, 100])
-@pytest.mark.parametrize("static", [True, False])
-@pytest.mark.parametrize("approximate", [True, False])
-def test_project_gelu_computes_the_map_in_either_form(rows, static, approximate):
-    import tensorflow as tf
-
-    from keras_vit.layers import projection
-
-    rng = np.random.RandomState(0)
-    x, w, b = (rng.normal(size=s).astype("float32") for s in ((rows, 48), (48, 40), (40,)))
-    spec = tf.TensorSpec((rows if static else None, 48), tf.bfloat16)
-    rounded = [np.asarray(tf.cast(tf.cast(a, tf.bfloat16), tf.float32), np.float64) for a in (x, w, b)]
-    expected = _gelu64(rounded[0] @ rounded[1] * 0.3 + rounded[2], approximate)
-    for never_saved in (True, False):
-        fn = tf.function(lambda t: projection.project_gelu(t, w * 0.3, b, approximate),
-                         input_signature=[spec])
-        with graph_kind.never_saved() if never_saved else contextlib.nullcontext():
-            y = fn(tf.cast(x, tf.bfloat16))
-        assert y.dtype == tf.bfloat16
-        np.testing.assert_allclose(np.asarray(tf.cast(y, tf.float32)), expected, rtol=1e-2, atol=2e-2)
 
 
 @pytest.mark.parametrize("approximate", [True, False])
@@ -460,10 +560,10 @@ def test_layer_norm_runs_as_one_onednn_op_at_inference(policy, spec):
     static batch too (constant folding must not break the pattern). In training there
     is no FusedBatchNormV3: the hand-written gradient is kept. (ViT-Ti/16 bf16
     inference 1.18x and B/16 1.16x, side by side.)"""
+    import keras
     import tensorflow as tf
 
-    if not graph_kind.onednn_on_cpu():
-        pytest.skip("TF runs no oneDNN graph rewrites here")
+    skip_unless_onednn(keras.DTypePolicy(policy).compute_dtype)
     layer = layers.LayerNorm(epsilon=1e-6, dtype=policy)
     layer.build(spec)
     x = np.random.RandomState(0).normal(size=[3 if d is None else d for d in spec]).astype("float32")
@@ -489,7 +589,7 @@ def test_layer_norm_training_flag_reaches_the_blocks_norms():
         return sum(op.type == "FusedBatchNormV3" for op in graph.get_operations())
 
     assert batch_norms(True) == 0
-    assert batch_norms(False) == (2 if graph_kind.onednn_on_cpu() else 0)
+    assert batch_norms(False) == (2 if hardware.onednn_runs("float32") else 0)
 
 
 @pytest.mark.parametrize("policy, softmax_dtype", [("float32", "float32"), ("mixed_bfloat16", "bfloat16"),
@@ -531,7 +631,7 @@ def test_under_xla_the_block_keeps_the_forms_xla_fuses():
         kinds = {op.type: op for op in graph.get_operations()}
         assert seen["xla"] is jit
         assert kinds["Softmax"].get_attr("T").name == ("float32" if jit else "bfloat16")
-        assert ("FusedBatchNormV3" in kinds) is (not jit and graph_kind.onednn_on_cpu())
+        assert ("FusedBatchNormV3" in kinds) is (not jit and hardware.onednn_runs("bfloat16"))
     x = np.random.RandomState(0).normal(size=(2, 5, 16)).astype("float32")
     outputs = [np.asarray(tf.cast(tf.function(forward, jit_compile=jit)(x), "float32"))
                for jit in (True, False)]
@@ -547,6 +647,7 @@ def test_under_xla_bf16_attention_products_stay_bf16():
 
     import tensorflow as tf
 
+    skip_unless_bf16_instructions()
     # Big enough for XLA to hand the products to oneDNN (below that, XLA's own dots run
     # every bf16 product in float32).
     layer = layers.MultiHeadSelfAttention(2, dtype="mixed_bfloat16")

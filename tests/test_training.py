@@ -98,16 +98,18 @@ def test_sigmoid_loss_is_summed_binary_cross_entropy():
     assert ours == pytest.approx(float(np.mean(np.sum(ref, axis=-1))), rel=1e-5)
 
 
-@pytest.mark.parametrize("flags, gpus, expected", [
-    ({"avx2", "amx_bf16", "amx_tile"}, [], "mixed_bfloat16"),
-    ({"avx512f", "avx512_bf16"}, [], "mixed_bfloat16"),
-    ({"avx2", "fma"}, [], "float32"),
-    (set(), [9], "mixed_bfloat16"),
-    (set(), [7], "mixed_float16"),
+@pytest.mark.parametrize("flags, onednn_bf16, gpus, expected", [
+    ({"avx2", "amx_bf16", "amx_tile"}, True, [], "mixed_bfloat16"),
+    ({"avx512f", "avx512_bf16"}, True, [], "mixed_bfloat16"),
+    ({"avx512f", "avx512_bf16"}, False, [], "float32"),  # TF_ENABLE_ONEDNN_OPTS=0: bf16 on Eigen
+    ({"avx512f"}, True, [], "float32"),  # oneDNN emulates bf16 there
+    ({"avx2", "fma"}, False, [], "float32"),
+    (set(), False, [9], "mixed_bfloat16"),
+    (set(), False, [7], "mixed_float16"),
 ])
-def test_auto_precision_follows_the_hardware(flags, gpus, expected):
-    assert resolve_precision("auto", flags=flags, gpus=gpus) == expected
-    assert resolve_precision("float32", flags=flags, gpus=gpus) == "float32"
+def test_auto_precision_follows_the_hardware(flags, onednn_bf16, gpus, expected):
+    assert resolve_precision("auto", flags=flags, gpus=gpus, onednn_bf16=onednn_bf16) == expected
+    assert resolve_precision("float32", flags=flags, gpus=gpus, onednn_bf16=onednn_bf16) == "float32"
 
 
 def test_strategies_by_name():

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import contextlib
-import functools
 import threading
 
 import tensorflow as tf
+
+from keras_vit import hardware
 
 _traces = threading.local()
 
@@ -23,18 +24,12 @@ def compiling_with_xla() -> bool:
     return bool(control_flow_util.GraphOrParentsInXlaContext(tf_ops.get_default_graph()))
 
 
-@functools.lru_cache(maxsize=None)
-def onednn_on_cpu() -> bool:
-    """True when TF rewrites graphs for oneDNN and places them on the CPU (no GPU)."""
-    from tensorflow.python.util import _pywrap_util_port
-
-    return bool(_pywrap_util_port.IsMklEnabled()) and not tf.config.list_logical_devices("GPU")
-
-
-def onednn_inference(training) -> bool:
-    """True when a call at inference is traced for TF's own executor with oneDNN on the
-    CPU: where the layers take the graph forms that oneDNN's rewrites run fastest."""
-    return not training and onednn_on_cpu() and not compiling_with_xla()
+def onednn_inference(training, dtype) -> bool:
+    """True when a call at inference is traced for TF's own executor and TF hands the
+    graph's `dtype` ops to oneDNN (`hardware.onednn_runs`): where the layers take the
+    graph forms that oneDNN's rewrites run fastest. Elsewhere (AVX2-only cores, where
+    TF's oneDNN is off by default) they keep the plain forms."""
+    return not training and not compiling_with_xla() and hardware.onednn_runs(dtype)
 
 
 @contextlib.contextmanager

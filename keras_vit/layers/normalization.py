@@ -44,7 +44,7 @@ class LayerNorm(keras.layers.LayerNormalization):
                 or not (self.scale and self.center)):
             return super().call(inputs)
         if len(inputs.shape) in (2, 3) and self.compute_dtype in _ONEDNN_DTYPES \
-                and graph_kind.onednn_inference(training):
+                and graph_kind.onednn_inference(training, self.compute_dtype):
             return _layer_norm_for_onednn(inputs, self.gamma, self.beta, self.epsilon, self.compute_dtype)
         return _layer_norm(inputs, self.gamma, self.beta, self.epsilon, self.compute_dtype)
 

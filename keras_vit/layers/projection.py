@@ -93,7 +93,7 @@ def _xla_gelu(x, approximate):
 def _bf16_onednn_inference(tokens, training):
     # The only graphs where the convolution forms beat the fused matmul: in float32 they
     # ran 0.44-1.05x (projection_forms), in training 0.61x (the convolution's gradient).
-    return tokens.dtype == tf.bfloat16 and graph_kind.onednn_inference(training)
+    return tokens.dtype == tf.bfloat16 and graph_kind.onednn_inference(training, tf.bfloat16)
 
 
 def _by_rows(tokens, many, few):

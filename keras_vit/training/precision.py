@@ -6,28 +6,9 @@ import keras
 import tensorflow as tf
 from absl import logging
 
+from keras_vit import hardware
+
 PRECISIONS = ("auto", "float32", "mixed_bfloat16", "mixed_float16")
-
-
-def cpu_flags(path: str = "/proc/cpuinfo") -> set:
-    try:
-        with open(path) as f:
-            for line in f:
-                if line.startswith("flags"):
-                    return set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return set()
-
-
-# /proc/cpuinfo's names for AMX-BF16 and AVX512-BF16.
-FAST_BF16_CPU_FLAGS = ("amx_bf16", "avx512_bf16")
-
-
-def has_fast_bf16_cpu(flags=None) -> bool:
-    """AMX-BF16 or AVX512-BF16: oneDNN runs bf16 matmuls natively (2-4x float32 on AMX)."""
-    flags = cpu_flags() if flags is None else flags
-    return bool(set(FAST_BF16_CPU_FLAGS) & set(flags))
 
 
 def gpu_compute_capabilities() -> list:
@@ -36,12 +17,13 @@ def gpu_compute_capabilities() -> list:
             for g in tf.config.list_physical_devices("GPU")]
 
 
-def resolve_precision(precision: str = "auto", flags=None, gpus=None) -> str:
+def resolve_precision(precision: str = "auto", flags=None, gpus=None, onednn_bf16=None) -> str:
     """The policy name for `precision`.
 
     `auto`: mixed_bfloat16 on GPUs of compute capability 8+ (mixed_float16 on older
-    ones) and on CPUs with AMX-BF16 or AVX512-BF16; float32 otherwise. `flags` (CPU
-    flags) and `gpus` (major compute capabilities) default to this machine's.
+    ones) and on CPUs with AMX-BF16 or AVX512-BF16 where TF's oneDNN runs bfloat16;
+    float32 otherwise. `flags` (CPU flags), `gpus` (major compute capabilities) and
+    `onednn_bf16` default to this machine's (see `keras_vit.hardware`).
     """
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
@@ -50,7 +32,7 @@ def resolve_precision(precision: str = "auto", flags=None, gpus=None) -> str:
     gpus = gpu_compute_capabilities() if gpus is None else gpus
     if gpus:
         return "mixed_bfloat16" if min(gpus) >= 8 else "mixed_float16"
-    return "mixed_bfloat16" if has_fast_bf16_cpu(flags) else "float32"
+    return "mixed_bfloat16" if hardware.has_fast_bf16_cpu(flags, onednn_bf16) else "float32"
 
 
 def set_precision(precision: str = "auto") -> str:
@@ -59,11 +41,18 @@ def set_precision(precision: str = "auto") -> str:
     keras.mixed_precision.set_global_policy(policy)
     why = ""
     if precision == "auto":
-        why = (" (auto: bf16-capable hardware found)" if policy != "float32"
-               else " (auto: no AMX/AVX512-BF16 or GPU)")
+        why = f" (auto: {_why_auto(policy)})"
     logging.info("precision: %s%s", policy, why)
     print(f"precision: {policy}{why}", flush=True)
     return policy
+
+
+def _why_auto(policy: str) -> str:
+    if policy != "float32":
+        return "bf16-capable hardware found"
+    if hardware.bf16_instructions():
+        return "no GPU, and TF's oneDNN does not run bfloat16 here (TF_ENABLE_ONEDNN_OPTS=0?)"
+    return f"no GPU, and {hardware.describe()} cores have no AMX-BF16 or AVX512-BF16"
 
 
 def with_policy(model, policy: str):
