@@ -9,6 +9,7 @@ import numpy as np
 import tensorflow as tf
 from keras import ops
 
+from keras_vit import hardware
 from keras_vit.layers import graph_kind, projection
 
 
@@ -78,8 +79,8 @@ class MultiHeadSelfAttention(keras.layers.Layer):
     per-head bias over 2D offsets of the patch grid is added to the logits.
 
     `call(x, return_attention=True)` also returns the attention weights `[B, H, T, T]`
-    in float32. Softmax runs in bfloat16 under mixed_bfloat16 (as in flax) and in
-    float32 under float32 and mixed_float16.
+    in float32. Softmax runs in bfloat16 under mixed_bfloat16 where TF's oneDNN runs
+    bfloat16 (as in flax), and in float32 otherwise.
     """
 
     def __init__(self, num_heads, dropout_rate=0.0, relative_grid=None, num_prefix_tokens=0, **kwargs):
@@ -210,8 +211,11 @@ class MultiHeadSelfAttention(keras.layers.Layer):
         # against exact float32 measured 0.0086 against the float32 softmax's 0.0078.
         # float16 overflows at 65504, so its softmax stays float32. Under XLA, float32:
         # XLA maps only a float32 softmax to oneDNN's and fuses the casts (ViT-Ti/16
-        # bf16 inference with XLA 1.17x).
-        if compute_dtype == "bfloat16" and not graph_kind.compiling_with_xla():
+        # bf16 inference with XLA 1.17x). Where TF's oneDNN does not run bfloat16 (AVX2-only
+        # cores), float32 too: Eigen's bf16 softmax rounds its exps and sum in bf16, 6-8
+        # ulps off against one for the float32 softmax rounded once.
+        if compute_dtype == "bfloat16" and not graph_kind.compiling_with_xla() \
+                and hardware.onednn_runs("bfloat16"):
             return "bfloat16"
         return "float32"
 
