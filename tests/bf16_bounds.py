@@ -7,11 +7,17 @@ as on AVX2-only cores) truncate, off by less than one ulp. Both are faithful
 roundings, so a rounding of v costs less than 2^-7 |v|. Products accumulate in
 float32: K terms add at most K 2^-24 times the sum of their magnitudes.
 
-To first order the error of a result y is then the sum over each rounded value v of
-|dy/dv| 2^-7 |v|, plus |dy/dp| K 2^-24 (|a| @ |b|) for each product p = a @ b.
-`error_bound` evaluates that sum exactly, element by element, by differentiating the
-float64 reference. A computation that accumulates in bfloat16 is off by about sqrt(K)
-roundings of the partial sums, far more than this allows.
+`Bounded` runs a computation on the exact (float64) values and carries, beside each,
+the most the bf16 computation's value can differ from it: each op passes its operands'
+errors on through the absolute value of its derivative and adds its own rounding
+(Wilkinson's running error analysis). The result is a first-order bound, widened by
+1 / (1 - n 2^-7) for the n roundings on the longest path, element by element.
+A computation that accumulates in bfloat16 is off by about sqrt(K) roundings of the
+partial sums, far more than this allows (tests/test_layers.py checks that it would fail).
+
+It is a worst case, so it says something for one product and what follows it
+elementwise (a projection, the MLP's first map). Through a whole block each product's
+cancellations multiply it, and it soon exceeds the values themselves.
 """
 
 import numpy as np
@@ -22,75 +28,94 @@ FAITHFUL = 2 * BF16_UNIT_ROUNDOFF  # one bf16 ulp, relative: the most a faithful
 F32_UNIT_ROUNDOFF = 2.0 ** -24
 
 
-class Roundings:
-    """What `error_bound`'s computation calls at each place bf16 arithmetic rounds."""
-
-    def __init__(self, tape):
-        self._tape = tape
-        self.points = []  # (perturbation, the most a rounding there can move the value)
-
-    def _point(self, value, size):
-        perturbation = tf.zeros_like(value)
-        self._tape.watch(perturbation)
-        self.points.append((perturbation, size))
-        return value + perturbation
-
-    def rounded(self, value):
-        """`value`, which the computation stores in bfloat16."""
-        return self._point(value, FAITHFUL * tf.abs(value))
-
-    def product(self, a, b):
-        """`a @ b` (`[N, K] @ [K, M]`), accumulated in float32 and stored in bfloat16."""
-        accumulation = a.shape[-1] * F32_UNIT_ROUNDOFF * (tf.abs(a) @ tf.abs(b))
-        return self.rounded(self._point(a @ b, accumulation))
-
-    def times_constant(self, constant, value):
-        """`constant * value` where the computation holds `constant` in bfloat16: its
-        rounding moves the product as much as a rounding of the product does."""
-        return self.rounded(self._point(constant * value, FAITHFUL * tf.abs(constant * value)))
-
-
-def error_bound(fn, *operands):
-    """The exact result of a bf16 computation and the most its bf16 result may differ.
+class Bounded:
+    """An exact value (float64) and the most its bf16 computation can be off by.
 
     Args:
-      fn: `fn(r, *operands)`, the computation written on float64 tensors, with
-        `r.rounded(v)`, `r.product(a, b)` and `r.times_constant(c, v)` (a `Roundings`)
-        wherever the bf16 computation rounds. Every value so marked has the result's
-        shape: what follows it is elementwise, so each element's bound is its own.
-      *operands: arrays already representable in bfloat16 (as the computation's inputs).
-
-    Returns:
-      (exact result, elementwise bound on |bf16 result - exact result|), as float64
-      numpy arrays of the result's shape.
+      value: the exact value.
+      error: elementwise bound on the error (default 0: an operand the computation
+        holds exactly, i.e. representable in bfloat16).
+      roundings: the most roundings on any path that led here.
     """
-    with tf.GradientTape(persistent=True) as tape:
-        r = Roundings(tape)
-        y = fn(r, *(tf.constant(np.asarray(o, np.float64)) for o in operands))
-        total = tf.reduce_sum(y)
-    for perturbation, _ in r.points:
-        assert perturbation.shape == y.shape, "mark only values of the result's shape"
-    grads = tape.gradient(total, [p for p, _ in r.points])
-    bound = sum(tf.abs(g) * size for g, (_, size) in zip(grads, r.points))
-    # The first-order terms, widened by the second-order ones (products of two roundings).
-    return y.numpy(), bound.numpy() * (1 + FAITHFUL * len(r.points))
+
+    def __init__(self, value, error=None, roundings=0):
+        self.value = tf.convert_to_tensor(np.asarray(value, np.float64))
+        self.error = tf.zeros_like(self.value) if error is None else error
+        self.roundings = roundings
+
+    def rounded(self):
+        """This value, stored in bfloat16."""
+        return Bounded(self.value, self.error + FAITHFUL * tf.abs(self.value), self.roundings + 1)
+
+    def map(self, fn):
+        """A reshape or transpose: the same `fn` of the value and of the error."""
+        return Bounded(fn(self.value), fn(self.error), self.roundings)
+
+    def __add__(self, other):
+        other = _bounded(other)
+        return Bounded(self.value + other.value, self.error + other.error,
+                       max(self.roundings, other.roundings)).rounded()
+
+    def __mul__(self, other):
+        other = _bounded(other)
+        error = (tf.abs(self.value) * other.error + self.error * tf.abs(other.value)
+                 + self.error * other.error)
+        return Bounded(self.value * other.value, error, max(self.roundings, other.roundings)).rounded()
+
+    def __matmul__(self, other):
+        """A product over the last axis, accumulated in float32, stored in bfloat16."""
+        a, b = self, _bounded(other)
+        accumulation = a.value.shape[-1] * F32_UNIT_ROUNDOFF * (tf.abs(a.value) @ tf.abs(b.value))
+        error = tf.abs(a.value) @ b.error + a.error @ tf.abs(b.value) + a.error @ b.error + accumulation
+        return Bounded(a.value @ b.value, error, max(a.roundings, b.roundings)).rounded()
+
+    def elementwise(self, fn):
+        """`fn` of each element, computed in float32 and stored in bfloat16; its slope is
+        taken at the ends and middle of each element's interval."""
+        xs = [self.value - self.error, self.value, self.value + self.error]
+        slopes = []
+        for x in xs:
+            with tf.GradientTape() as tape:
+                tape.watch(x)
+                y = fn(x)
+            slopes.append(tf.abs(tape.gradient(y, x)))
+        return Bounded(fn(self.value), tf.reduce_max(slopes, 0) * self.error, self.roundings).rounded()
+
+    def bound(self):
+        """(exact value, elementwise bound on the bf16 result's distance from it)."""
+        widening = 1 / (1 - self.roundings * FAITHFUL)
+        return self.value.numpy(), self.error.numpy() * widening
 
 
-def gelu(r, x, approximate):
-    """`tf.nn.gelu(x, approximate)` as TF computes it op by op in bfloat16 (the widest
-    rounding; a fused kernel computes it in float32 and rounds once)."""
+def _bounded(x):
+    return x if isinstance(x, Bounded) else Bounded(x)
+
+
+def times_constant(constant, x):
+    """`constant * x` where the computation holds `constant` in bfloat16: the
+    constant's rounding moves the product as much as rounding the product does."""
+    product = Bounded(constant * x.value, abs(constant) * x.error, x.roundings).rounded()
+    return product.rounded()
+
+
+def gelu(x, approximate):
+    """`tf.nn.gelu` as TF computes it op by op in bfloat16 (the most rounding; a fused
+    kernel computes it in float32 and rounds once)."""
     if approximate:
-        cube = r.rounded(x ** 3)
-        inner = r.rounded(x + r.times_constant(0.044715, cube))
-        t = r.rounded(tf.tanh(r.times_constant(np.sqrt(2 / np.pi), inner)))
+        cube = x.elementwise(lambda v: v ** 3)
+        inner = x + times_constant(0.044715, cube)
+        t = times_constant(np.sqrt(2 / np.pi), inner).elementwise(tf.tanh)
     else:
-        t = r.rounded(tf.math.erf(r.times_constant(1 / np.sqrt(2), x)))
-    return r.rounded(0.5 * x * r.rounded(1.0 + t))
+        t = times_constant(1 / np.sqrt(2), x).elementwise(tf.math.erf)
+    return x.map(lambda v: 0.5 * v) * (t + 1.0)  # halving is exact
 
 
-def assert_within(actual, exact, bound):
-    """Every element of `actual` lies within `bound` of `exact`; says by how much where not."""
+def assert_within(actual, expected):
+    """Every element of `actual` lies within `expected`'s bound (`(exact, bound)`, from
+    `Bounded.bound`) of its exact value; says where and by how much where not."""
+    exact, bound = expected
     actual = np.asarray(actual, np.float64)
+    assert actual.shape == exact.shape, (actual.shape, exact.shape)
     excess = np.abs(actual - exact) - bound
     worst = np.unravel_index(np.argmax(excess), excess.shape)
     assert excess[worst] <= 0, (

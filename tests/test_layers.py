@@ -7,7 +7,8 @@ import pytest
 from keras import ops
 from keras.src import testing
 
-from bf16_bounds import assert_within, error_bound, gelu
+import bf16_bounds
+from bf16_bounds import Bounded, assert_within
 from conftest import skip_unless_bf16_instructions, skip_unless_onednn
 from keras_vit import hardware, layers
 from keras_vit.layers import graph_kind
@@ -381,14 +382,15 @@ def _bf16_operands(rows, k=48, m=40, seed=0):
     return [tf.cast(tf.cast(rng.normal(size=s), tf.bfloat16), tf.float32).numpy() for s in shapes]
 
 
-def _affine(r, x, w, b, residual=None):
-    # Every intermediate rounded, as unfused bf16 ops do; a fused op rounds once.
-    y = r.rounded(r.product(x, w) + b)
-    return y if residual is None else r.rounded(y + residual)
+def _affine(x, w, b, residual=None):
+    """`x @ w + b (+ residual)` with its bf16 bound: every intermediate rounded, as
+    unfused bf16 ops do (a fused op rounds once, well within it)."""
+    y = Bounded(x) @ w + b
+    return (y if residual is None else y + residual).bound()
 
 
-def _affine_gelu(approximate):
-    return lambda r, x, w, b: gelu(r, _affine(r, x, w, b), approximate)
+def _affine_gelu(x, w, b, approximate):
+    return bf16_bounds.gelu(Bounded(x) @ w + b, approximate).bound()
 
 
 def _in_a_trace(fn, rows, static, *args):
@@ -415,7 +417,7 @@ def test_projection_computes_the_affine_map(rows, static, with_residual):
     residual = tf.cast(res, tf.bfloat16) if with_residual else None
     y = _in_a_trace(projection.project, rows, static, w, b, residual)(tf.cast(x, tf.bfloat16))
     assert y.dtype == tf.bfloat16
-    assert_within(tf.cast(y, tf.float32), *error_bound(_affine, *operands))
+    assert_within(tf.cast(y, tf.float32), _affine(*operands))
 
 
 @pytest.mark.parametrize("with_residual", [True, False])
@@ -428,11 +430,11 @@ def test_both_projection_forms_compute_the_affine_map_on_these_cores(with_residu
 
     x, w, b, res = _bf16_operands(CONV_ROWS)
     operands = (x, w, b) + ((res,) if with_residual else ())
-    expected = error_bound(_affine, *operands)
+    expected = _affine(*operands)
     args = [tf.cast(a, tf.bfloat16) for a in (w, b)] + [tf.cast(res, tf.bfloat16) if with_residual else None]
     for form in (projection._as_pointwise_conv, projection._as_matmul):
         y = _in_a_trace(form, CONV_ROWS, True, *args)(tf.cast(x, tf.bfloat16))
-        assert_within(tf.cast(y, tf.float32), *expected)
+        assert_within(tf.cast(y, tf.float32), expected)
 
 
 @pytest.mark.parametrize("rows", [CONV_ROWS, 100])
@@ -446,13 +448,13 @@ def test_project_gelu_computes_the_map(rows, static, approximate):
     from keras_vit.layers import projection
 
     x, w, b, _ = _bf16_operands(rows)
-    expected = error_bound(_affine_gelu(approximate), x, w, b)
+    expected = _affine_gelu(x, w, b, approximate)
     for never_saved in (True, False):
         fn = _in_a_trace(projection.project_gelu, rows, static, w, b, approximate)
         with graph_kind.never_saved() if never_saved else contextlib.nullcontext():
             y = fn(tf.cast(x, tf.bfloat16))
         assert y.dtype == tf.bfloat16
-        assert_within(tf.cast(y, tf.float32), *expected)
+        assert_within(tf.cast(y, tf.float32), expected)
 
 
 @pytest.mark.parametrize("approximate", [True, False])
@@ -465,13 +467,13 @@ def test_both_fc1_forms_compute_the_map_on_these_cores(approximate):
     from keras_vit.layers import projection
 
     x, w, b, _ = _bf16_operands(CONV_ROWS)
-    expected = error_bound(_affine_gelu(approximate), x, w, b)
+    expected = _affine_gelu(x, w, b, approximate)
     w16, b16 = tf.cast(w, tf.bfloat16), tf.cast(b, tf.bfloat16)
     forms = (lambda t: projection._xla_gelu(projection._as_pointwise_conv(t, w16, b16, None), approximate),
              lambda t: tf.nn.gelu(projection._as_matmul(t, w16, b16, None), approximate=approximate))
     for form in forms:
         assert_within(tf.cast(_in_a_trace(form, CONV_ROWS, True)(tf.cast(x, tf.bfloat16)), tf.float32),
-                      *expected)
+                      expected)
 
 
 @pytest.mark.parametrize("class_token_only", [False, True])
@@ -505,14 +507,14 @@ def test_the_bf16_bound_refuses_bfloat16_accumulation():
     import tensorflow as tf
 
     x, w, b, _ = _bf16_operands(64, k=256)
-    exact, bound = error_bound(_affine, x, w, b)
+    exact, bound = _affine(x, w, b)
     to_bf16 = lambda a: tf.cast(tf.cast(a, tf.bfloat16), tf.float64).numpy()  # noqa: E731
-    assert_within(to_bf16(x.astype(np.float64) @ w + b), exact, bound)
+    assert_within(to_bf16(x.astype(np.float64) @ w + b), (exact, bound))
     partial = np.zeros((x.shape[0], w.shape[1]))
     for k in range(x.shape[1]):  # a bf16 accumulator: each partial sum rounded
         partial = to_bf16(partial + to_bf16(np.outer(x[:, k], w[k])))
     with pytest.raises(AssertionError, match="beyond the bf16 bound"):
-        assert_within(to_bf16(partial + b), exact, bound)
+        assert_within(to_bf16(partial + b), (exact, bound))
 
 
 def _gelu64(h, approximate):
