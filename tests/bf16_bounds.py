@@ -17,7 +17,10 @@ partial sums, far more than this allows (tests/test_layers.py checks that it wou
 
 It is a worst case, so it says something for one product and what follows it
 elementwise (a projection, the MLP's first map). Through a whole block each product's
-cancellations multiply it, and it soon exceeds the values themselves.
+cancellations multiply it, and it soon exceeds the values themselves. There
+`assert_as_accurate` compares two bf16 computations of the same function by their
+errors' spread instead: hundreds of roundings, each within 2^-8 of its value, add
+up like random errors, not like the worst case.
 """
 
 import numpy as np
@@ -108,6 +111,39 @@ def gelu(x, approximate):
     else:
         t = times_constant(1 / np.sqrt(2), x).elementwise(tf.math.erf)
     return x.map(lambda v: 0.5 * v) * (t + 1.0)  # halving is exact
+
+
+SIGMAS = 5.0  # a computation as accurate as the plain one fails less than once in a million
+
+
+def assert_as_accurate(candidate, plain, exact, what="result"):
+    """`candidate`, one bf16 computation of a function, is no less accurate than `plain`,
+    another, against `exact` (the function in float32 or float64, errors 2^16 smaller).
+
+    The root-mean-square error over n elements estimates the errors' spread; for two
+    computations whose roundings scatter alike, the log of the ratio of their RMS errors
+    has a standard deviation of about 1/sqrt(n) (half the log of an F(n, n) variable).
+    `candidate` may round once more than `plain` (a fast path that stores a bf16
+    intermediate the plain one keeps in float32); independent errors add in quadrature,
+    so its RMS error may reach exp(SIGMAS / sqrt(n)) sqrt(e^2 + r^2), with e `plain`'s
+    and r = 2^-8 RMS(exact), one such rounding.
+
+    Args:
+      candidate, plain, exact: arrays of one shape.
+      what: named in the failure message.
+    """
+    exact = np.asarray(exact, np.float64)
+    candidate, plain = (np.asarray(a, np.float64) for a in (candidate, plain))
+    assert candidate.shape == plain.shape == exact.shape, (candidate.shape, plain.shape, exact.shape)
+
+    def rms(a):
+        return float(np.sqrt(np.mean(np.square(a))))
+
+    ours, theirs = rms(candidate - exact), rms(plain - exact)
+    allowed = np.exp(SIGMAS / np.sqrt(exact.size)) * np.hypot(theirs, BF16_UNIT_ROUNDOFF * rms(exact))
+    assert ours <= allowed, (
+        f"{what}: RMS error {ours:.4g} against the exact values, where the plain bf16 computation's "
+        f"is {theirs:.4g} and {allowed:.4g} is allowed ({exact.size} elements)")
 
 
 def assert_within(actual, expected):

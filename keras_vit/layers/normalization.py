@@ -24,9 +24,9 @@ class LayerNorm(keras.layers.LayerNormalization):
     plus backward in mixed_bfloat16, 1.3x both in float32; in whole ViT training steps
     1.04-1.09x, while whole-model inference measured unchanged.
 
-    At inference on CPUs with oneDNN, the graph takes the form grappler rewrites into
-    oneDNN's own layer norm (`_MklLayerNorm`, one pass), in the compute dtype with
-    gamma and beta cast to it. On AMX cores it ran 2.4-2.5x faster than the float32
+    At inference on CPUs with oneDNN, an input in the compute dtype takes the form
+    grappler rewrites into oneDNN's own layer norm (`_MklLayerNorm`, one pass), with
+    gamma and beta cast to that dtype. On AMX cores it ran 2.4-2.5x faster than the float32
     graph on `[6304, 192]` bf16 and 5.0-5.2x on `[6304, 768]`. Under XLA the plain graph
     is kept: XLA fuses it (ViT-Ti/16 bf16 with XLA: 1.02x against the pattern).
     """
@@ -43,7 +43,10 @@ class LayerNorm(keras.layers.LayerNormalization):
         if (self.axis not in ([-1], [len(inputs.shape) - 1]) or self.rms_scaling
                 or not (self.scale and self.center)):
             return super().call(inputs)
+        # A wider input (float32 into a bf16 layer) is normalised in float32, as Keras does:
+        # rounding it first would cost far more than a rounding where its mean is large.
         if len(inputs.shape) in (2, 3) and self.compute_dtype in _ONEDNN_DTYPES \
+                and keras.backend.standardize_dtype(inputs.dtype) == self.compute_dtype \
                 and graph_kind.onednn_inference(training, self.compute_dtype):
             return _layer_norm_for_onednn(inputs, self.gamma, self.beta, self.epsilon, self.compute_dtype)
         return _layer_norm(inputs, self.gamma, self.beta, self.epsilon, self.compute_dtype)
