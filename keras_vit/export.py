@@ -12,18 +12,15 @@ directories. The SavedModel needs neither keras_vit nor custom objects to load.
 
 from __future__ import annotations
 
-import os
 import re
-import shutil
 import sys
-import tempfile
 from typing import Optional, Sequence
 
 import keras
 import numpy as np
 import tensorflow as tf
 
-from keras_vit import preprocessing
+from keras_vit import preprocessing, storage
 from keras_vit.training import precision
 
 SIGNATURES = ("serving_default", "serving_examples", "predict_images")
@@ -39,7 +36,7 @@ def _model_image_shape(model):
 
 def next_version(base: str) -> int:
     """One more than the highest integer version directory under `base` (1 if none)."""
-    names = [d.rstrip("/") for d in tf.io.gfile.listdir(base)] if tf.io.gfile.isdir(base) else []
+    names = storage.listdir(base) if storage.isdir(base) else []
     return max([int(d) for d in names if d.isdigit()], default=0) + 1
 
 
@@ -129,23 +126,13 @@ def export_saved_model(
     Returns:
       The version directory written.
     """
+    storage.check(path)
     version = next_version(path) if version is None else int(version)
-    final = os.path.join(path, str(version))
-    if os.path.exists(final):
-        raise FileExistsError(f"{final} exists; TF Serving versions are immutable, pick another version")
-    os.makedirs(path, exist_ok=True)
-    # TF Serving loads any integer directory it sees, so write elsewhere and rename.
-    staging = tempfile.mkdtemp(prefix=f".{version}-", dir=path)
-    try:
-        write_saved_model(model, staging, class_names=class_names, image_size=image_size, top_k=top_k,
-                          activation=activation, warmup=warmup,
-                          model_name=os.path.basename(os.path.normpath(path)),
-                          weights_in_compute_dtype=weights_in_compute_dtype)
-        os.rename(staging, final)
-    finally:
-        if os.path.exists(staging):
-            shutil.rmtree(staging)
-    write_models_config(os.path.dirname(os.path.abspath(path)), models_config_prefix)
+    storage.makedirs(path)
+    final = storage.publish(storage.join(path, str(version)), lambda staging: write_saved_model(
+        model, staging, class_names=class_names, image_size=image_size, top_k=top_k, activation=activation,
+        warmup=warmup, model_name=storage.basename(path), weights_in_compute_dtype=weights_in_compute_dtype))
+    write_models_config(storage.parent(path), models_config_prefix)
     return final
 
 
@@ -221,9 +208,9 @@ def write_warmup_requests(version_dir: str, model_name: str, size, channels) -> 
     png = _warmup_png(size, channels)
     example = tf.train.Example(features=tf.train.Features(feature={
         IMAGE_FEATURE: tf.train.Feature(bytes_list=tf.train.BytesList(value=[png]))})).SerializeToString()
-    out_dir = os.path.join(version_dir, "assets.extra")
-    os.makedirs(out_dir, exist_ok=True)
-    out = os.path.join(out_dir, "tf_serving_warmup_requests")
+    out_dir = storage.join(version_dir, "assets.extra")
+    storage.makedirs(out_dir)
+    out = storage.join(out_dir, "tf_serving_warmup_requests")
     with tf.io.TFRecordWriter(out) as writer:
         for signature, key, value in (("serving_default", "image_bytes", png),
                                       ("serving_examples", "examples", example)):
@@ -245,19 +232,18 @@ def write_models_config(serving_root: str, base_path_prefix: Optional[str] = Non
     from tensorflow_serving.config import model_server_config_pb2
 
     config = model_server_config_pb2.ModelServerConfig()
-    for name in sorted(os.listdir(serving_root)):
-        base = os.path.join(serving_root, name)
-        if os.path.isdir(base) and re.fullmatch(r"[A-Za-z0-9_.\-]+", name) and any(
-                d.isdigit() for d in os.listdir(base)):
+    for name in storage.listdir(serving_root):
+        base = storage.join(serving_root, name)
+        if re.fullmatch(r"[A-Za-z0-9_.\-]+", name) and storage.isdir(base) and any(
+                d.isdigit() for d in storage.listdir(base)):
             entry = config.model_config_list.config.add()
             entry.name = name
             entry.base_path = (f"{base_path_prefix.rstrip('/')}/{name}" if base_path_prefix
-                               else os.path.abspath(base))
+                               else storage.absolute(base))
             entry.model_platform = "tensorflow"
-    out = os.path.join(serving_root, "models.config")
-    with open(out, "w") as f:
-        f.write(text_format.MessageToString(config))
-    return out
+    # Written last, and whole: a server reading it sees only versions already complete.
+    out = storage.join(serving_root, "models.config")
+    return storage.write_text(out, text_format.MessageToString(config))
 
 
 def main(argv):
@@ -276,8 +262,8 @@ def main(argv):
         model = precision.to_precision(model, FLAGS.precision)
     names = None
     if FLAGS.class_names_file:
-        with open(FLAGS.class_names_file) as f:
-            names = [line.strip() for line in f if line.strip()]
+        lines = storage.read_text(FLAGS.class_names_file).splitlines()
+        names = [line.strip() for line in lines if line.strip()]
     elif FLAGS.class_names:
         names = FLAGS.class_names
     elif not FLAGS.model.endswith(".keras") and model.config.num_classes:
@@ -290,7 +276,7 @@ def main(argv):
                              top_k=FLAGS.top_k, activation=FLAGS.activation,
                              models_config_prefix=FLAGS.models_config_prefix,
                              weights_in_compute_dtype=FLAGS.weights_in_compute_dtype)
-    models_config = os.path.join(os.path.dirname(os.path.abspath(FLAGS.output_dir)), "models.config")
+    models_config = storage.join(storage.parent(FLAGS.output_dir), "models.config")
     print(f"Wrote SavedModel to {out} and {models_config}")
 
 

@@ -14,8 +14,6 @@
 import hashlib
 import json
 import os
-import shutil
-import tempfile
 from typing import Dict, List
 
 import apache_beam as beam
@@ -25,10 +23,11 @@ from tfx.dsl.component.experimental.annotations import (BeamComponentParameter, 
 from tfx.dsl.component.experimental.decorators import component
 from tfx.types import artifact, artifact_utils, standard_artifacts
 
+from keras_vit import storage
 from pipeline import dedup, dedup_beam, ingest
 
 CLASS_NAMES_FILE = "class_names.json"
-PUSH_RECORD = os.path.join("assets.extra", "keras_vit_push.json")
+PUSH_RECORD = "assets.extra/keras_vit_push.json"  # relative to the version directory
 
 
 class DedupReport(artifact.Artifact):
@@ -105,7 +104,9 @@ def ImageExampleGen(  # noqa: N802  (TFX components are named like classes)
     got = ingest.read_source(p, spec)
     for split, pcoll in got.splits.items():
         _write_split(_count(pcoll, split), examples.uri, split)
-    pairs_prefix = os.path.join(tempfile.mkdtemp(prefix="label_names-"), "pairs")
+    # Beside the examples, on storage the Beam workers share (not this machine's /tmp).
+    pairs_dir = os.path.join(examples.uri, ".label_pairs")
+    pairs_prefix = os.path.join(pairs_dir, "pairs")
     if got.label_names is not None:
         _ = (got.label_names | "LabelPairsJson" >> beam.Map(json.dumps)
              | "WriteLabelPairs" >> beam.io.WriteToText(pairs_prefix))
@@ -118,7 +119,7 @@ def ImageExampleGen(  # noqa: N802  (TFX components are named like classes)
             with tf.io.gfile.GFile(path) as f:
                 pairs += [tuple(json.loads(line)) for line in f if line.strip()]
         class_names = ingest.class_names_from_pairs(pairs)
-    shutil.rmtree(os.path.dirname(pairs_prefix), ignore_errors=True)
+    storage.remove_tree(pairs_dir)
     counts = {split: _counter(result, f"records_{split}") for split in got.splits}
     _set_examples_properties(examples, got.splits, class_names, counts)
     print(f"ImageExampleGen: {spec.describe()} -> {counts}, {len(class_names)} classes", flush=True)
@@ -256,38 +257,24 @@ def Dedup(  # noqa: N802
 
 def _tree_digest(root: str) -> str:
     digest = hashlib.sha256()
-    for dirpath, dirnames, filenames in tf.io.gfile.walk(root):
-        dirnames.sort()
-        for name in sorted(filenames):
-            path = os.path.join(dirpath, name)
-            rel = os.path.relpath(path, root)
-            if rel == PUSH_RECORD:
-                continue
-            digest.update(rel.encode() + b"\0")
-            with tf.io.gfile.GFile(path, "rb") as f:
-                while chunk := f.read(1 << 20):
-                    digest.update(chunk)
+    for path, rel in storage.files_under(root):
+        if rel == PUSH_RECORD:
+            continue
+        digest.update(rel.encode() + b"\0")
+        with tf.io.gfile.GFile(path, "rb") as f:
+            while chunk := f.read(1 << 20):
+                digest.update(chunk)
     return digest.hexdigest()
-
-
-def _copy_tree(src: str, dst: str) -> None:
-    for dirpath, _, filenames in tf.io.gfile.walk(src):
-        out = os.path.join(dst, os.path.relpath(dirpath, src))
-        tf.io.gfile.makedirs(out)
-        for name in filenames:
-            tf.io.gfile.copy(os.path.join(dirpath, name), os.path.join(out, name), overwrite=True)
 
 
 def pushed_versions(base: str) -> Dict[int, dict]:
     """version -> push record of the versions under a model's serving directory."""
     out = {}
-    if tf.io.gfile.isdir(base):
-        for name in tf.io.gfile.listdir(base):
-            name = name.rstrip("/")
-            record = os.path.join(base, name, PUSH_RECORD)
-            if name.isdigit() and tf.io.gfile.exists(record):
-                with tf.io.gfile.GFile(record) as f:
-                    out[int(name)] = json.load(f)
+    if storage.isdir(base):
+        for name in storage.listdir(base):
+            record = storage.join(base, name, *PUSH_RECORD.split("/"))
+            if name.isdigit() and storage.exists(record):
+                out[int(name)] = json.loads(storage.read_text(record))
     return out
 
 
@@ -345,10 +332,9 @@ def ServingPusher(  # noqa: N802
     """Copies a blessed model's SavedModel to `serving_dir/model_name/<next version>/`."""
     from keras_vit import export
 
-    if "://" not in serving_dir:
-        serving_dir = os.path.abspath(serving_dir)
-    base = os.path.join(serving_dir, model_name)
-    src = os.path.join(model.uri, "Format-Serving")
+    serving_dir = storage.absolute(serving_dir)
+    base = storage.join(serving_dir, model_name)
+    src = storage.join(model.uri, "Format-Serving")
     pushed_model.set_int_custom_property("pushed", 0)
     if not model_blessing.get_int_custom_property("blessed"):
         reason = "not blessed: " + "; ".join(blessing_reasons(evaluation.uri))
@@ -358,31 +344,22 @@ def ServingPusher(  # noqa: N802
     digest = _tree_digest(src)
     for version, record in sorted(pushed_versions(base).items()):
         if record.get("digest") == digest:
+            where = storage.join(base, str(version))
             reason = f"this model is already served as version {version}"
             pushed_model.set_string_custom_property("reason", reason)
-            pushed_model.set_string_custom_property("pushed_destination", os.path.join(base, str(version)))
-            print(f"ServingPusher: {reason} ({os.path.join(base, str(version))}); nothing pushed", flush=True)
+            pushed_model.set_string_custom_property("pushed_destination", where)
+            print(f"ServingPusher: {reason} ({where}); nothing pushed", flush=True)
             return
-    tf.io.gfile.makedirs(base)
+    storage.makedirs(base)
     version = export.next_version(base)
-    final = os.path.join(base, str(version))
     record = json.dumps({"digest": digest, "model_uri": model.uri})
-    if "://" in base:  # object stores have no directory rename: copy into place
-        _copy_tree(src, final)
-        with tf.io.gfile.GFile(os.path.join(final, PUSH_RECORD), "w") as f:
-            f.write(record)
-    else:
-        staging = tempfile.mkdtemp(prefix=f".{version}-", dir=base)  # TF Serving must not see a partial copy
-        try:
-            shutil.rmtree(staging)
-            shutil.copytree(src, staging)
-            os.makedirs(os.path.join(staging, "assets.extra"), exist_ok=True)
-            with open(os.path.join(staging, PUSH_RECORD), "w") as f:
-                f.write(record)
-            os.rename(staging, final)
-        finally:
-            shutil.rmtree(staging, ignore_errors=True)
-        export.write_models_config(serving_dir)
+
+    def write(staging):
+        storage.copy_tree(src, staging)
+        storage.write_text(storage.join(staging, *PUSH_RECORD.split("/")), record)
+
+    final = storage.publish(storage.join(base, str(version)), write)
+    export.write_models_config(serving_dir)
     pushed_model.set_int_custom_property("pushed", 1)
     pushed_model.set_string_custom_property("pushed_destination", final)
     pushed_model.set_int_custom_property("pushed_version", version)

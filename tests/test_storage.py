@@ -1,0 +1,122 @@
+"""Paths on object storage, through TensorFlow's in-memory filesystem (ram://), which
+like a bucket is reached only through tf.io.gfile."""
+
+import os
+import uuid
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from conftest import randomise, tiny
+
+from keras_vit import storage
+from keras_vit.export import export_saved_model
+
+
+@pytest.fixture
+def bucket(tmp_path, monkeypatch):
+    """A fresh ram:// "bucket"; the working directory is an empty local folder, so that
+    anything written locally by mistake is seen."""
+    monkeypatch.chdir(tmp_path)
+    return f"ram://bucket-{uuid.uuid4().hex[:8]}"
+
+
+def _local_files(root):
+    return sorted(os.path.relpath(os.path.join(d, f), root) for d, _, fs in os.walk(root) for f in fs)
+
+
+def test_a_model_exported_to_a_bucket_is_in_the_bucket_and_serves(bucket, tmp_path):
+    model = randomise(tiny())
+    out = export_saved_model(model, f"{bucket}/models/vit", class_names=list("abcde"))
+    assert out == f"{bucket}/models/vit/1"
+    assert storage.listdir(f"{bucket}/models") == ["models.config", "vit"]
+    assert storage.listdir(f"{bucket}/models/vit") == ["1"], "a staging directory was left behind"
+    assert "saved_model.pb" in storage.listdir(out)
+    assert f'base_path: "{bucket}/models/vit"' in storage.read_text(f"{bucket}/models/models.config")
+    assert _local_files(tmp_path) == [], "something was written to local disk"
+
+    served = tf.saved_model.load(out).signatures["predict_images"]
+    x = np.random.RandomState(0).uniform(-1, 1, (2, 32, 32, 3)).astype("float32")
+    np.testing.assert_allclose(served(images=tf.constant(x))["probabilities"],
+                               tf.nn.softmax(model.predict(x, verbose=0)), atol=1e-5)
+    assert export_saved_model(model, f"{bucket}/models/vit", warmup=False).endswith("/vit/2")
+    with pytest.raises(FileExistsError, match="immutable"):
+        export_saved_model(model, f"{bucket}/models/vit", version=2, warmup=False)
+
+
+def test_a_failed_write_publishes_nothing(bucket):
+    base = f"{bucket}/models/vit"
+    storage.makedirs(base)
+
+    def half_written(staging):
+        storage.write_text(storage.join(staging, "variables", "part"), "x")
+        raise RuntimeError("disk full")
+
+    with pytest.raises(RuntimeError, match="disk full"):
+        storage.publish(f"{base}/1", half_written)
+    assert storage.listdir(base) == []
+
+
+def test_a_failed_copy_into_a_bucket_removes_the_partial_version(bucket, monkeypatch):
+    """Object stores have no rename: the version is copied into place, and a copy that
+    fails part-way (a permission error, say) is removed, leaving the earlier versions."""
+    base = f"{bucket}/models/vit"
+    storage.makedirs(f"{base}/1")
+
+    def write(staging):
+        for name in ("saved_model.pb", "variables/variables.index", "variables/variables.data-0-of-1"):
+            storage.write_text(storage.join(staging, *name.split("/")), name)
+
+    real_copy, copied = tf.io.gfile.copy, []
+
+    def copy(src, dst, overwrite=False):
+        if len(copied) == 2:
+            raise tf.errors.PermissionDeniedError(None, None, "access denied")
+        copied.append(dst)
+        real_copy(src, dst, overwrite)
+
+    monkeypatch.setattr(tf.io.gfile, "copy", copy)
+    with pytest.raises(tf.errors.PermissionDeniedError):
+        storage.publish(f"{base}/2", write)
+    assert storage.listdir(base) == ["1"]
+    assert [os.path.basename(c) for c in copied] == ["variables.data-0-of-1", "variables.index"]
+
+    copied.clear()
+    monkeypatch.setattr(tf.io.gfile, "copy",
+                        lambda s, d, overwrite=False: (copied.append(d), real_copy(s, d)))
+    storage.publish(f"{base}/2", write)
+    assert os.path.basename(copied[-1]) == "saved_model.pb", "the graph must arrive last"
+    assert storage.listdir(base) == ["1", "2"]
+    assert storage.listdir(f"{base}/2/variables") == ["variables.data-0-of-1", "variables.index"]
+
+
+def test_a_local_publish_renames_the_finished_directory(tmp_path):
+    def write(staging):
+        assert os.path.basename(staging).startswith(".1-staging-")  # TF Serving ignores it
+        storage.write_text(os.path.join(staging, "saved_model.pb"), "graph")
+
+    assert storage.publish(str(tmp_path / "1"), write) == str(tmp_path / "1")
+    assert _local_files(tmp_path) == ["1/saved_model.pb"]
+
+
+def test_write_text_replaces_a_file_whole(tmp_path, bucket):
+    for path in (str(tmp_path / "sub" / "models.config"), f"{bucket}/sub/models.config"):
+        storage.write_text(path, "old")
+        storage.write_text(path, "new")
+        assert storage.read_text(path) == "new"
+        assert storage.listdir(storage.parent(path)) == ["models.config"]
+
+
+def test_paths_split_alike_on_disk_and_in_buckets(tmp_path):
+    assert storage.parent("gs://b/models/vit/") == "gs://b/models"
+    assert storage.basename("gs://b/models/vit/") == "vit"
+    assert storage.join("s3://b/models", "vit", "1") == "s3://b/models/vit/1"
+    assert storage.absolute("s3://b/x") == "s3://b/x"
+    assert storage.parent("vit") == os.path.dirname(os.path.abspath("vit"))
+
+
+def test_an_unknown_scheme_is_named_before_any_work(bucket):
+    with pytest.raises(storage.StorageError, match=r"no filesystem for nosuch://"):
+        storage.check("nosuch://bucket/models")
+    with pytest.raises(storage.StorageError, match="tensorflow-io"):
+        export_saved_model(tiny(), "s3://bucket/models/vit")
