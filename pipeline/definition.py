@@ -70,16 +70,17 @@ def create_pipeline(
     model_name: str,
     dedup_threshold: float,
     accuracy_threshold: float,
-    metadata_path: Optional[str],
+    metadata_config,
     beam_pipeline_args: List[str],
     enable_cache: bool = True,
     serving_precision: Optional[str] = None,
 ) -> tfx.dsl.Pipeline:
-    """The pipeline object; `metadata_path` None leaves ML Metadata to the orchestrator.
+    """The pipeline object. `metadata_config` is ML Metadata's `ConnectionConfig` for a
+    local run; None leaves ML Metadata to the orchestrator (Kubeflow).
 
     Raises ValueError for a `train_config` the Trainer would refuse, so that a bad
     flag fails here rather than after ingestion, statistics and de-duplication. Its
-    `weights` must exist here only for a local run (`metadata_path` set), which
+    `weights` must exist here only for a local run (`metadata_config` set), which
     trains on this machine. `serving_precision` is the dtype policy the pushed
     SavedModel computes in (one of `keras_vit.training.precision.PRECISIONS`); None
     keeps the training precision.
@@ -94,7 +95,7 @@ def create_pipeline(
     custom_config = {**train_config, "model_name": model_name, "code_digest": code_digest(),
                      "serving_precision": serving_precision}
     trainer_module.train_config(custom_config, train_steps, output_dir=pipeline_root).validate(
-        check_paths=metadata_path is not None)
+        check_paths=metadata_config is not None)
 
     example_gen = components.ImageExampleGen(
         source=json.dumps(dataclasses.asdict(source)), input_fingerprint=input_fingerprint)
@@ -137,7 +138,5 @@ def create_pipeline(
         components=[example_gen, statistics_gen, schema_gen, curate, example_validator, gate, dedup, trainer,
                     baseline, evaluator, pusher],
         enable_cache=enable_cache,
-        metadata_connection_config=(
-            tfx.orchestration.metadata.sqlite_metadata_connection_config(metadata_path)
-            if metadata_path else None),
+        metadata_connection_config=metadata_config,
         beam_pipeline_args=beam_pipeline_args)

@@ -2,13 +2,14 @@
 
     python -m pipeline.run                                  # Fashion-MNIST, about 15 min on 2 cores
     python -m pipeline.run --image_dir=photos/ --model=ViT-S/16 --image_size=224 ...
-    python -m pipeline.run --runner=kubeflow_v2 --kubeflow_output=vit_pipeline.json
+    python -m pipeline.run --orchestrator=kubeflow_v2 --kubeflow_output=vit_pipeline.json
 
 The last line printed is one JSON object: `pushed`, `serving_model_path`,
 `accuracy`, `dedup` (training images removed per reference split), `pipeline_root`.
 
-Beam: `--beam_direct_workers=N` (N > 1) runs Beam's DirectRunner with N processes.
-For a cluster, pass runner flags through `--beam_pipeline_args`, e.g.
+Beam runs on its FnApiRunner here, in memory or, with `--beam_direct_workers=N`
+(N > 1), in N processes. For a cluster, pass runner flags through
+`--beam_pipeline_args`, e.g.
   Flink:    --runner=FlinkRunner --flink_master=host:8081 --environment_type=LOOPBACK
   Spark:    --runner=SparkRunner --spark_master_url=spark://host:7077
   Dataflow: --runner=DataflowRunner --project=P --region=R --temp_location=gs://B/tmp
@@ -30,6 +31,7 @@ from typing import List, Optional
 # google-api-core warns on every import under Python 3.10, which TFX 1.16 needs.
 warnings.filterwarnings("ignore", message="You are using a non-supported Python version")
 
+from keras_vit import storage  # noqa: E402
 from pipeline import ingest  # noqa: E402
 
 DEFAULT_OVERRIDES = {"patch_size": 4, "hidden_size": 64, "mlp_dim": 128, "num_heads": 4, "num_layers": 4}
@@ -39,26 +41,28 @@ COMPONENT_ORDER = ("ImageExampleGen", "StatisticsGen", "SchemaGen", "CurateSchem
 
 
 def beam_args(direct_workers: int, extra: Optional[List[str]] = None) -> List[str]:
-    """DirectRunner flags for `direct_workers` processes (1: in memory), then `extra`."""
+    """Beam flags: the FnApiRunner with `direct_workers` processes (1: in memory), then
+    `extra`, whose `--runner` wins. The runner is named: Beam's DirectRunner would first
+    try to download and start its Prism runner, so that machines with and without
+    internet would run the components differently."""
     if direct_workers < 1:
         raise ValueError(f"beam_direct_workers must be >= 1, got {direct_workers}")
     args = (["--direct_running_mode=multi_processing", f"--direct_num_workers={direct_workers}"]
             if direct_workers > 1 else ["--direct_running_mode=in_memory", "--direct_num_workers=1"])
-    return args + list(extra or [])
+    return ["--runner=FnApiRunner"] + args + list(extra or [])
 
 
 def input_fingerprint(spec: ingest.SourceSpec) -> str:
     """Changes when the source's files change, so ImageExampleGen's cache is not stale."""
     import tensorflow as tf
 
+    from keras_vit import storage
+
     digest = hashlib.sha256()
     if spec.image_dir:
-        for dirpath, dirnames, filenames in os.walk(spec.image_dir):
-            dirnames.sort()
-            for name in sorted(filenames):
-                st = os.stat(os.path.join(dirpath, name))
-                digest.update(f"{os.path.relpath(os.path.join(dirpath, name), spec.image_dir)}:{st.st_size}:"
-                              f"{st.st_mtime_ns}\n".encode())
+        for path, rel in storage.files_under(spec.image_dir):
+            st = tf.io.gfile.stat(path)
+            digest.update(f"{rel}:{st.length}:{st.mtime_nsec}\n".encode())
     elif spec.tfrecords:
         for split, pattern in sorted(spec.tfrecords.items()):
             for path in sorted(tf.io.gfile.glob(pattern)):
@@ -136,15 +140,14 @@ def _quiet_absl():
     absl_logging.get_absl_handler().setLevel(logging.WARNING)
 
 
-def summarise_run(metadata_path: str, pipeline_root: str, pipeline_name: str) -> dict:
-    """What the latest run of `pipeline_name` in `metadata_path` did, from ML Metadata."""
+def summarise_run(metadata, where: str, pipeline_root: str, pipeline_name: str) -> dict:
+    """What the latest run of `pipeline_name` did, from ML Metadata (`metadata`, a
+    ConnectionConfig; `where` names it in errors)."""
     import tensorflow_model_analysis as tfma
     from ml_metadata.metadata_store import metadata_store
     from ml_metadata.proto import metadata_store_pb2
-    from tfx import v1 as tfx
 
-    store = metadata_store.MetadataStore(
-        tfx.orchestration.metadata.sqlite_metadata_connection_config(metadata_path))
+    store = metadata_store.MetadataStore(metadata)
     pipeline_ctx = store.get_context_by_type_and_name("pipeline", pipeline_name)
     runs = {}
     if pipeline_ctx is not None:  # a store may hold several pipelines: only this one's runs
@@ -154,7 +157,7 @@ def summarise_run(metadata_path: str, pipeline_root: str, pipeline_name: str) ->
                     runs[ctx.id] = ctx
     runs = list(runs.values())
     if not runs:
-        raise RuntimeError(f"no run of pipeline {pipeline_name} in {metadata_path}")
+        raise RuntimeError(f"no run of pipeline {pipeline_name} in {where}")
     run = max(runs, key=lambda c: (c.create_time_since_epoch, c.id))
     nodes = {}
     for execution in store.get_executions_by_context(run.id):
@@ -173,7 +176,7 @@ def summarise_run(metadata_path: str, pipeline_root: str, pipeline_name: str) ->
         return None if v is None else (v.string_value or v.int_value)
 
     summary = {"pushed": False, "serving_model_path": None, "accuracy": None, "dedup": None,
-               "pipeline_root": os.path.abspath(pipeline_root), "run_id": run.name}
+               "pipeline_root": storage.absolute(pipeline_root), "run_id": run.name}
     states = {name: metadata_store_pb2.Execution.State.Name(e.last_known_state)
               for name, (e, _) in nodes.items()}
     summary["executions"] = {n: states[n] for n in COMPONENT_ORDER if n in states}
@@ -253,11 +256,17 @@ def _define_flags():
                         "Pipeline name ([a-z0-9][a-z0-9-]*, as Kubeflow needs).")
     flags.register_validator("pipeline_name", lambda name: bool(re.fullmatch(r"[a-z0-9][a-z0-9-]*", name)),
                              "must match [a-z0-9][a-z0-9-]* (Kubeflow's rule)")
-    flags.DEFINE_string("pipeline_root", "runs/pipeline", "Where artifacts go.")
+    flags.DEFINE_string("pipeline_root", "runs/pipeline",
+                        "Where artifacts go: a local directory or a URL tf.io.gfile reads (gs://, s3://).")
     flags.DEFINE_string("metadata_path", None,
-                        "SQLite ML Metadata file (default <pipeline_root>/metadata.sqlite).")
+                        "Local SQLite ML Metadata file (default <pipeline_root>/metadata.sqlite for a local "
+                        "root, runs/metadata/<pipeline_name>.sqlite for a root in a bucket, where SQLite "
+                        "cannot live).")
+    flags.DEFINE_string("metadata_mysql", None,
+                        "ML Metadata in MySQL instead, as user@host[:port]/database; the password is read "
+                        "from MYSQL_PWD.")
     flags.DEFINE_string("serving_dir", "saved_models",
-                        "Pushed models go to <serving_dir>/<model_name>/<version>/.")
+                        "Pushed models go to <serving_dir>/<model_name>/<version>/ (local or a URL).")
     flags.DEFINE_string("model_name", "vit", "Serving model name.")
     flags.DEFINE_integer("beam_direct_workers", 1, "DirectRunner processes (1: in memory).", lower_bound=1)
     flags.DEFINE_list("beam_pipeline_args", [], "More Beam flags (Flink, Spark, Dataflow).")
@@ -266,9 +275,11 @@ def _define_flags():
     flags.DEFINE_float("accuracy_threshold", 0.8, "Top-1 on eval a model needs to be blessed.",
                        lower_bound=0.0, upper_bound=1.0)
     flags.DEFINE_boolean("enable_cache", True, "Reuse cached component results.")
-    flags.DEFINE_enum("runner", "local", ["local", "kubeflow_v2"],
-                      "local runs; kubeflow_v2 compiles a JSON spec.")
-    flags.DEFINE_string("kubeflow_output", "keras_vit_pipeline.json", "Where --runner=kubeflow_v2 writes.")
+    # Not `--runner`: TFX parses the Beam args with absl, where Beam's --runner would meet it.
+    flags.DEFINE_enum("orchestrator", "local", ["local", "kubeflow_v2"],
+                      "local runs the pipeline here; kubeflow_v2 compiles a JSON spec.")
+    flags.DEFINE_string("kubeflow_output", "keras_vit_pipeline.json",
+                        "Where --orchestrator=kubeflow_v2 writes.")
     flags.DEFINE_string("kubeflow_image", "keras-vit:latest", "Container image for the Kubeflow V2 spec.")
 
 
@@ -293,17 +304,53 @@ def build_from_flags(FLAGS):
         "crop_area_min": FLAGS.crop_area_min, "recipe": FLAGS.recipe, "weights": FLAGS.weights,
         "precision": FLAGS.precision, "strategy": FLAGS.strategy, "cache": True,
     }
-    metadata_path = FLAGS.metadata_path or os.path.join(FLAGS.pipeline_root, "metadata.sqlite")
-    local = FLAGS.runner == "local"
+    local = FLAGS.orchestrator == "local"
+    metadata, where = metadata_connection(FLAGS) if local else (None, "the orchestrator's store")
     pipeline = definition.create_pipeline(
-        pipeline_name=FLAGS.pipeline_name, pipeline_root=os.path.abspath(FLAGS.pipeline_root), source=spec,
+        pipeline_name=FLAGS.pipeline_name, pipeline_root=storage.absolute(FLAGS.pipeline_root), source=spec,
         input_fingerprint=input_fingerprint(spec), train_config=train_config, train_steps=FLAGS.train_steps,
-        serving_dir=os.path.abspath(FLAGS.serving_dir) if local else FLAGS.serving_dir,
+        serving_dir=storage.absolute(FLAGS.serving_dir) if local else FLAGS.serving_dir,
         model_name=FLAGS.model_name, dedup_threshold=FLAGS.dedup_threshold,
-        accuracy_threshold=FLAGS.accuracy_threshold, metadata_path=metadata_path if local else None,
+        accuracy_threshold=FLAGS.accuracy_threshold, metadata_config=metadata,
         beam_pipeline_args=beam_args(FLAGS.beam_direct_workers, FLAGS.beam_pipeline_args),
         enable_cache=FLAGS.enable_cache, serving_precision=FLAGS.serving_precision)
-    return pipeline, spec, metadata_path
+    return pipeline, spec, (metadata, where)
+
+
+def metadata_connection(FLAGS):
+    """(ML Metadata ConnectionConfig, where it is, in words) from the flags: SQLite on
+    local disk, or MySQL (`--metadata_mysql`, password from MYSQL_PWD)."""
+    from ml_metadata.proto import metadata_store_pb2
+    from tfx import v1 as tfx
+
+    from keras_vit.training import ConfigError
+
+    if FLAGS.metadata_mysql:
+        if FLAGS.metadata_path:
+            raise ConfigError("give --metadata_path (SQLite) or --metadata_mysql, not both")
+        found = re.fullmatch(r"([^@/]+)@([^:/]+)(?::(\d+))?/(\w+)", FLAGS.metadata_mysql)
+        if not found:
+            raise ConfigError(f"--metadata_mysql must look like user@host[:port]/database, "
+                              f"got {FLAGS.metadata_mysql!r}")
+        user, host, port, database = found.groups()
+        config = tfx.orchestration.metadata.mysql_metadata_connection_config(
+            host=host, port=int(port or 3306), database=database, username=user,
+            password=os.environ.get("MYSQL_PWD", ""))
+        return config, f"MySQL {user}@{host}:{port or 3306}/{database}"
+    path = FLAGS.metadata_path
+    if path is None:
+        in_bucket = storage.is_url(FLAGS.pipeline_root)
+        path = (os.path.join("runs", "metadata", f"{FLAGS.pipeline_name}.sqlite") if in_bucket
+                else os.path.join(FLAGS.pipeline_root, "metadata.sqlite"))
+    if storage.is_url(path):
+        raise ConfigError(f"--metadata_path={path}: SQLite needs a local file (a bucket has no file locks); "
+                          "for a store several machines share, use --metadata_mysql")
+    # Not TFX's sqlite_metadata_connection_config, which makes the directory at once:
+    # a run whose flags are refused must leave nothing behind.
+    config = metadata_store_pb2.ConnectionConfig()
+    config.sqlite.filename_uri = os.path.abspath(path)
+    config.sqlite.connection_mode = metadata_store_pb2.SqliteMetadataSourceConfig.READWRITE_OPENCREATE
+    return config, path
 
 
 def main(argv):
@@ -316,23 +363,28 @@ def main(argv):
     FLAGS = flags.FLAGS
     _quiet_absl()
     try:
-        pipeline, spec, metadata_path = build_from_flags(FLAGS)
-    except ConfigError as e:
+        pipeline, spec, (metadata, where) = build_from_flags(FLAGS)
+        if FLAGS.orchestrator == "local":
+            for flag in ("pipeline_root", "serving_dir"):
+                storage.check(getattr(FLAGS, flag))
+    except (ConfigError, storage.StorageError) as e:
         exit_for_bad_config(str(e))
-    if FLAGS.runner == "kubeflow_v2":
+    if FLAGS.orchestrator == "kubeflow_v2":
         out = compile_kubeflow_v2(pipeline, FLAGS.kubeflow_output, FLAGS.kubeflow_image)
         print(f"Wrote the Kubeflow V2 pipeline spec to {out}")
         return
-    os.makedirs(FLAGS.pipeline_root, exist_ok=True)
+    storage.makedirs(FLAGS.pipeline_root)
+    if metadata.HasField("sqlite"):
+        os.makedirs(os.path.dirname(metadata.sqlite.filename_uri), exist_ok=True)
     print(f"Running pipeline {FLAGS.pipeline_name} on {spec.describe()}; artifacts in "
-          f"{os.path.abspath(FLAGS.pipeline_root)}, metadata in {metadata_path}", file=sys.stderr, flush=True)
+          f"{storage.absolute(FLAGS.pipeline_root)}, metadata in {where}", file=sys.stderr, flush=True)
     start = time.time()
     _run_local(pipeline)
-    summary = summarise_run(metadata_path, FLAGS.pipeline_root, FLAGS.pipeline_name)
+    summary = summarise_run(metadata, where, FLAGS.pipeline_root, FLAGS.pipeline_name)
     summary["seconds"] = round(time.time() - start, 1)
     if summary["pushed"]:
         print(f"Pushed to {summary['serving_model_path']} (serve it with models.config in "
-              f"{os.path.abspath(FLAGS.serving_dir)})", file=sys.stderr)
+              f"{storage.absolute(FLAGS.serving_dir)})", file=sys.stderr)
     else:
         print(f"Nothing pushed: {summary.get('reason')}", file=sys.stderr)
     print(json.dumps(summary), flush=True)

@@ -113,12 +113,19 @@ def test_class_names_from_the_labels_seen():
         ingest.class_names_from_pairs([])
 
 
-def test_beam_direct_runner_flags():
+def test_beam_runs_on_the_named_local_runner_unless_told_otherwise():
+    from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions, StandardOptions
+
     from pipeline import run
 
-    assert run.beam_args(1) == ["--direct_running_mode=in_memory", "--direct_num_workers=1"]
-    assert run.beam_args(4, ["--runner=FlinkRunner"]) == [
-        "--direct_running_mode=multi_processing", "--direct_num_workers=4", "--runner=FlinkRunner"]
+    def runner(args):
+        options = PipelineOptions(args)
+        direct = options.view_as(DirectOptions)
+        return options.view_as(StandardOptions).runner, direct.direct_running_mode, direct.direct_num_workers
+
+    assert runner(run.beam_args(1)) == ("FnApiRunner", "in_memory", 1)
+    assert runner(run.beam_args(4)) == ("FnApiRunner", "multi_processing", 4)
+    assert runner(run.beam_args(1, ["--runner=FlinkRunner"]))[0] == "FlinkRunner"
     with pytest.raises(ValueError, match=">= 1"):
         run.beam_args(0)
 

@@ -219,7 +219,7 @@ def test_tfx_false_property_predicate_warning_is_dropped_only_when_false():
         pipeline_name="p", pipeline_root="/nonexistent/root",
         source=ingest.SourceSpec(tfrecords={"train": "/x/*"}),
         input_fingerprint="0", train_config={}, train_steps=1, serving_dir="/nonexistent/serving",
-        model_name="m", dedup_threshold=0.9, accuracy_threshold=0.5, metadata_path=None,
+        model_name="m", dedup_threshold=0.9, accuracy_threshold=0.5, metadata_config=None,
         beam_pipeline_args=beam_args(1))
     ir = compiler.Compiler().compile(pipeline)
     assert not uses_property_predicates(ir)
@@ -240,26 +240,69 @@ def test_flags_that_cannot_train_stop_the_run_before_any_component(tmp_path):
     assert "Traceback" not in proc.stderr and not (tmp_path / "root").exists()
 
 
+def test_a_root_on_a_filesystem_tensorflow_lacks_stops_the_run_before_any_component(tmp_path):
+    _, proc = run_pipeline("--dataset=fashion_mnist_local/mini", "--pipeline_root=nosuch://bucket/root",
+                           f"--metadata_path={tmp_path / 'm.sqlite'}", check=False)
+    assert proc.returncode == 1, proc.stderr[-4000:]
+    assert "nosuch://bucket/root: TensorFlow has no filesystem for nosuch://" in proc.stderr
+    assert "Traceback" not in proc.stderr and not os.path.exists(os.path.join(ROOT, "nosuch:"))
+
+
+def test_ml_metadata_stays_local_or_goes_to_mysql(tmp_path, monkeypatch):
+    from types import SimpleNamespace
+
+    from pipeline.run import metadata_connection
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("MYSQL_PWD", "secret")
+
+    def connect(**flags):
+        defaults = {"pipeline_name": "p", "pipeline_root": "runs/pipeline", "metadata_path": None,
+                    "metadata_mysql": None}
+        return metadata_connection(SimpleNamespace(**{**defaults, **flags}))
+
+    config, where = connect()
+    assert where == os.path.join("runs/pipeline", "metadata.sqlite")
+    assert config.sqlite.filename_uri == str(tmp_path / "runs" / "pipeline" / "metadata.sqlite")
+    config, where = connect(pipeline_root="gs://bucket/root")  # SQLite cannot live in a bucket
+    assert config.sqlite.filename_uri == str(tmp_path / "runs" / "metadata" / "p.sqlite")
+    assert not os.path.exists(tmp_path / "gs:")
+    config, where = connect(metadata_mysql="tfx@db.internal:3307/mlmd")
+    assert (config.mysql.host, config.mysql.port, config.mysql.database, config.mysql.user,
+            config.mysql.password) == ("db.internal", 3307, "mlmd", "tfx", "secret")
+    assert where == "MySQL tfx@db.internal:3307/mlmd"
+    assert connect(metadata_mysql="tfx@db/mlmd")[0].mysql.port == 3306
+    with pytest.raises(ConfigError, match="user@host"):
+        connect(metadata_mysql="db.internal/mlmd")
+    with pytest.raises(ConfigError, match="not both"):
+        connect(metadata_mysql="tfx@db/mlmd", metadata_path="m.sqlite")
+    with pytest.raises(ConfigError, match="SQLite needs a local file"):
+        connect(metadata_path="gs://bucket/m.sqlite")
+
+
 def test_the_definition_checks_the_trainer_config_and_local_weights_only():
+    from tfx import v1 as tfx
+
     from pipeline import definition, ingest
     from pipeline.run import beam_args
 
-    def create(train_config, metadata_path, **kwargs):
+    def create(train_config, metadata_config, **kwargs):
         return definition.create_pipeline(
             pipeline_name="p", pipeline_root="/nonexistent/root",
             source=ingest.SourceSpec(tfrecords={"train": "/x"}), input_fingerprint="0",
             train_config=train_config, train_steps=1, serving_dir="/nonexistent/serving", model_name="m",
-            dedup_threshold=0.9, accuracy_threshold=0.5, metadata_path=metadata_path,
+            dedup_threshold=0.9, accuracy_threshold=0.5, metadata_config=metadata_config,
             beam_pipeline_args=beam_args(1), **kwargs)
 
     with pytest.raises(ConfigError, match="serving_precision must be one of"):
-        create({}, metadata_path=None, serving_precision="bf16")
+        create({}, metadata_config=None, serving_precision="bf16")
     with pytest.raises(ConfigError, match="precision must be one of"):
-        create({"precision": "fp8"}, metadata_path=None)
+        create({"precision": "fp8"}, metadata_config=None)
     with pytest.raises(ConfigError, match="weights /nonexistent/ViT-B_16.npz not found"):
-        create({"weights": "/nonexistent/ViT-B_16.npz"}, metadata_path="/nonexistent/m.sqlite")
+        sqlite = tfx.orchestration.metadata.sqlite_metadata_connection_config("/nonexistent/m.sqlite")
+        create({"weights": "/nonexistent/ViT-B_16.npz"}, metadata_config=sqlite)
     # A spec for an orchestrator elsewhere names files on its machines.
-    create({"weights": "/nonexistent/ViT-B_16.npz"}, metadata_path=None)
+    create({"weights": "/nonexistent/ViT-B_16.npz"}, metadata_config=None)
 
 
 def _example(image, label):
@@ -292,7 +335,7 @@ def test_anomalies_stop_the_run_before_training(fmnist, tmp_path):
 
 def test_kubeflow_v2_spec_compiles(tmp_path):
     out = tmp_path / "spec.json"
-    _, proc = run_pipeline("--runner=kubeflow_v2", f"--kubeflow_output={out}",
+    _, proc = run_pipeline("--orchestrator=kubeflow_v2", f"--kubeflow_output={out}",
                            "--dataset=fashion_mnist_local/mini", "--pipeline_root=gs://bucket/root",
                            "--serving_dir=gs://bucket/serving", check=False)
     assert proc.returncode == 0, proc.stderr[-4000:]
