@@ -270,6 +270,9 @@ def _define_flags():
     flags.DEFINE_string("model_name", "vit", "Serving model name.")
     flags.DEFINE_integer("beam_direct_workers", 1, "DirectRunner processes (1: in memory).", lower_bound=1)
     flags.DEFINE_list("beam_pipeline_args", [], "More Beam flags (Flink, Spark, Dataflow).")
+    flags.DEFINE_float("beam_worker_timeout", 600,
+                       "Seconds a runner other than the local one has to run a one-element job before "
+                       "any component (its workers start and import the pipeline).", lower_bound=1)
     flags.DEFINE_float("dedup_threshold", dedup.DEFAULT_THRESHOLD, "Near-duplicate correlation threshold.",
                        lower_bound=0.0, upper_bound=1.0)
     flags.DEFINE_float("accuracy_threshold", 0.8, "Top-1 on eval a model needs to be blessed.",
@@ -359,6 +362,7 @@ def main(argv):
     del argv
     from keras_vit.cli import exit_for_bad_config
     from keras_vit.training import ConfigError
+    from pipeline import beam_check
 
     FLAGS = flags.FLAGS
     _quiet_absl()
@@ -373,6 +377,14 @@ def main(argv):
         out = compile_kubeflow_v2(pipeline, FLAGS.kubeflow_output, FLAGS.kubeflow_image)
         print(f"Wrote the Kubeflow V2 pipeline spec to {out}")
         return
+    args = beam_args(FLAGS.beam_direct_workers, FLAGS.beam_pipeline_args)
+    if beam_check.needs_check(args):
+        print(f"Checking that the Beam workers start (at most {FLAGS.beam_worker_timeout:g} s) ...",
+              file=sys.stderr, flush=True)
+        try:
+            beam_check.check_workers(args, FLAGS.beam_worker_timeout)
+        except beam_check.BeamWorkersError as e:
+            sys.exit(f"Stopped before any component: {e}")
     storage.makedirs(FLAGS.pipeline_root)
     if metadata.HasField("sqlite"):
         os.makedirs(os.path.dirname(metadata.sqlite.filename_uri), exist_ok=True)

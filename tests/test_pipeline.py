@@ -349,3 +349,77 @@ def test_kubeflow_v2_spec_compiles(tmp_path):
     executors = spec["pipelineSpec"]["deploymentSpec"]["executors"]
     assert {e["container"]["image"] for e in executors.values() if "container" in e} == {"keras-vit:latest"}
     assert not os.path.exists(os.path.join(ROOT, "gs:"))  # compiling writes nothing to the pipeline root
+
+
+def _free_port():
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def beam_services(tmp_path):
+    """Starts a Beam job service and an EXTERNAL worker pool, each its own process on
+    127.0.0.1, as on a cluster; `start(path)` gives the pool's workers that PATH."""
+    import signal
+    import socket
+    import time
+
+    procs = []
+
+    def start(path):
+        env = dict(os.environ, PYTHONPATH=ROOT, PATH=path, TF_CPP_MIN_LOG_LEVEL="2")
+        ports = _free_port(), _free_port()
+        services = (
+            ("jobs", ["apache_beam.runners.portability.local_job_service_main", f"--port={ports[0]}"]),
+            ("pool", ["apache_beam.runners.worker.worker_pool_main", f"--service_port={ports[1]}"]))
+        for name, args in services:
+            log = open(tmp_path / f"{name}.log", "w")
+            procs.append(subprocess.Popen([sys.executable, "-m", *args], env=env, stdout=log,
+                                          stderr=subprocess.STDOUT, start_new_session=True))
+        for port in ports:  # both listen within seconds
+            for _ in range(120):
+                try:
+                    socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                    break
+                except OSError:
+                    time.sleep(0.5)
+        return [f"--beam_pipeline_args=--runner=PortableRunner,--job_endpoint=localhost:{ports[0]},"
+                f"--environment_type=EXTERNAL,--environment_config=localhost:{ports[1]}"]
+
+    yield start
+    for proc in procs:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+def test_the_beam_components_run_on_a_job_service_and_an_external_worker_pool(beam_services, tmp_path):
+    venv_path = os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"]
+    summary, proc = run_pipeline(
+        "--dataset=fashion_mnist_local/mini", f"--pipeline_root={tmp_path / 'root'}",
+        f"--serving_dir={tmp_path / 'serving'}", "--train_steps=5", "--batch_size=32", "--warmup_steps=1",
+        "--accuracy_threshold=0", *beam_services(venv_path))
+    assert summary["pushed"] and set(summary["executions"].values()) == {"COMPLETE"}, summary
+    jobs = (tmp_path / "jobs.log").read_text()
+    # The worker check, ImageExampleGen, StatisticsGen, Dedup and the Evaluator.
+    assert jobs.count("with state DONE") >= 5, jobs[-3000:]
+    assert "Starting worker" in (tmp_path / "pool.log").read_text()
+
+
+def test_beam_workers_that_cannot_start_stop_the_run_in_bounded_time(beam_services, tmp_path):
+    """Beam itself would wait forever for a worker that exits at start."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    python = bin_dir / "python"  # what the pool starts its workers with
+    python.write_text("#!/bin/sh\necho \"ModuleNotFoundError: No module named 'apache_beam'\" >&2\nexit 1\n")
+    python.chmod(0o755)
+    _, proc = run_pipeline("--dataset=fashion_mnist_local/mini", f"--pipeline_root={tmp_path / 'root'}",
+                           "--beam_worker_timeout=20", *beam_services(f"{bin_dir}{os.pathsep}/usr/bin:/bin"),
+                           check=False)
+    assert proc.returncode == 1, proc.stderr[-4000:]
+    assert "Stopped before any component: the Beam workers on PortableRunner with EXTERNAL workers at " \
+           "localhost:" in proc.stderr
+    assert "did not run a one-element job within 20 s" in proc.stderr
+    assert not (tmp_path / "root").exists()
