@@ -21,6 +21,7 @@ import tensorflow as tf
 import tensorflow_datasets as tfds
 
 from keras_vit import fashion_mnist  # noqa: F401  (registers fashion_mnist_local)
+from keras_vit import storage
 from keras_vit import preprocessing
 
 AUTOTUNE = tf.data.AUTOTUNE
@@ -193,9 +194,9 @@ IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".gif", ".bmp")  # what preprocessi
 
 def image_folder_splits(root: str) -> List[str]:
     """The split folders (`train`, `test`, ...) of an image folder, sorted."""
-    if not os.path.isdir(root):
+    if not storage.isdir(root):
         raise FileNotFoundError(f"image_dir {root} is not a directory")
-    return sorted(d for d in os.listdir(root) if os.path.isdir(os.path.join(root, d)))
+    return [d for d in storage.listdir(root) if storage.isdir(storage.join(root, d))]
 
 
 def list_image_folder(root: str, folders: Optional[Sequence[str]] = None):
@@ -210,12 +211,12 @@ def list_image_folder(root: str, folders: Optional[Sequence[str]] = None):
     files, classes = {}, set()
     for folder in folders:
         entries = []
-        for label in sorted(os.listdir(os.path.join(root, folder))):
-            label_dir = os.path.join(root, folder, label)
-            if not os.path.isdir(label_dir):
+        for label in storage.listdir(storage.join(root, folder)):
+            label_dir = storage.join(root, folder, label)
+            if not storage.isdir(label_dir):
                 continue
             classes.add(label)
-            entries += [(os.path.join(label_dir, f), label) for f in sorted(os.listdir(label_dir))
+            entries += [(storage.join(label_dir, f), label) for f in storage.listdir(label_dir)
                         if f.lower().endswith(IMAGE_EXTENSIONS)]
         files[folder] = entries
     class_names = sorted(classes)
@@ -270,7 +271,7 @@ class ImageFolderSource:
         paths = [p for p, _ in self._files[split]]
         ds = tf.data.Dataset.from_tensor_slices(
             (tf.constant(paths, tf.string), tf.constant([label for _, label in self._files[split]], tf.int64),
-             tf.constant([os.path.relpath(p, self.root) for p in paths], tf.string)))
+             tf.constant([storage.relpath(p, self.root) for p in paths], tf.string)))
         if shuffle_files:  # paths only: cheap, and a different order each pass
             ds = ds.shuffle(len(paths), seed=seed, reshuffle_each_iteration=True)
 

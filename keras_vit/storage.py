@@ -50,6 +50,16 @@ def basename(path: str) -> str:
     return os.path.basename(os.path.normpath(path))
 
 
+def relpath(path: str, root: str) -> str:
+    """`path` relative to `root`, with "/" separators in a URL."""
+    if is_url(path):
+        root = str(root).rstrip("/") + "/"
+        if not str(path).startswith(root):
+            raise ValueError(f"{path} is not under {root}")
+        return str(path)[len(root):]
+    return os.path.relpath(path, root)
+
+
 def check(path: str) -> str:
     """`path`, once its filesystem answers: an unknown scheme or an unreachable store
     raises StorageError naming the path, before any work is done."""

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import os
 from typing import Dict, Iterator, List, Optional, Sequence
 
 import apache_beam as beam
@@ -170,10 +169,11 @@ def image_folder_layout(root: str):
 
 
 def _read_image_file(entry, root: str, class_index: Dict[str, int]) -> tf.train.Example:
+    from keras_vit import storage
+
     path, label_name = entry
-    with open(path, "rb") as f:
-        image = f.read()
-    return make_example(image, class_index[label_name], label_name, os.path.relpath(path, root))
+    return make_example(storage.read_bytes(path), class_index[label_name], label_name,
+                        storage.relpath(path, root))
 
 
 # --- TFRecords ---------------------------------------------------------------------

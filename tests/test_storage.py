@@ -120,3 +120,26 @@ def test_an_unknown_scheme_is_named_before_any_work(bucket):
         storage.check("nosuch://bucket/models")
     with pytest.raises(storage.StorageError, match="tensorflow-io"):
         export_saved_model(tiny(), "s3://bucket/models/vit")
+
+
+def test_an_image_folder_in_a_bucket_reads_as_on_disk(bucket, tmp_path):
+    from test_data import make_image_folder
+
+    from keras_vit import data
+    from pipeline import ingest
+
+    local = make_image_folder(tmp_path / "local")
+    storage.copy_tree(local, f"{bucket}/images")
+    on_disk, in_bucket = data.open_source(image_dir=local), data.open_source(image_dir=f"{bucket}/images")
+    assert (in_bucket.class_names, in_bucket.splits) == (on_disk.class_names, on_disk.splits)
+    batches = [next(iter(data.make_dataset(s, "test", image_size=16, batch_size=6, training=False)))
+               for s in (on_disk, in_bucket)]
+    np.testing.assert_array_equal(batches[0][0], batches[1][0])
+    np.testing.assert_array_equal(batches[0][1], batches[1][1])
+
+    splits, class_names, files = ingest.image_folder_layout(f"{bucket}/images")
+    assert class_names == ["cat", "dog"] and len(files["train"]) == 12
+    example = ingest._read_image_file(files["train"][0], f"{bucket}/images", {"cat": 0, "dog": 1})
+    features = example.features.feature
+    assert features[ingest.SOURCE_ID].bytes_list.value == [b"train/cat/0.jpg"]
+    assert features[ingest.IMAGE].bytes_list.value == [(tmp_path / "local/train/cat/0.jpg").read_bytes()]
