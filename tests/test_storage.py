@@ -1,6 +1,7 @@
 """Paths on object storage, through TensorFlow's in-memory filesystem (ram://), which
 like a bucket is reached only through tf.io.gfile."""
 
+import importlib
 import os
 import uuid
 
@@ -16,8 +17,32 @@ from keras_vit.export import export_saved_model
 @pytest.fixture
 def bucket(tmp_path, monkeypatch):
     """A fresh ram:// "bucket"; the working directory is an empty local folder, so that
-    anything written locally by mistake is seen."""
-    monkeypatch.chdir(tmp_path)
+    anything written locally by mistake is seen.
+
+    TF's ram:// appends to a file written again (opened for writing, or copied over),
+    where a bucket's put (and a local write) replaces it: here it is replaced, as in a
+    bucket."""
+    (tmp_path / "cwd").mkdir()
+    monkeypatch.chdir(tmp_path / "cwd")
+    gfile, copy = tf.io.gfile.GFile, tf.io.gfile.copy
+
+    def replace(name):
+        if str(name).startswith("ram://") and tf.io.gfile.exists(name):
+            tf.io.gfile.remove(name)
+
+    def put(name, mode="r"):
+        if "w" in mode:
+            replace(name)
+        return gfile(name, mode)
+
+    def copy_over(src, dst, overwrite=False):
+        if overwrite:
+            replace(dst)
+        return copy(src, dst, overwrite)
+
+    for module in (tf.io.gfile, importlib.import_module("tensorflow.io.gfile")):  # ours, Keras's
+        monkeypatch.setattr(module, "GFile", put)
+        monkeypatch.setattr(module, "copy", copy_over)
     return f"ram://bucket-{uuid.uuid4().hex[:8]}"
 
 
@@ -33,7 +58,7 @@ def test_a_model_exported_to_a_bucket_is_in_the_bucket_and_serves(bucket, tmp_pa
     assert storage.listdir(f"{bucket}/models/vit") == ["1"], "a staging directory was left behind"
     assert "saved_model.pb" in storage.listdir(out)
     assert f'base_path: "{bucket}/models/vit"' in storage.read_text(f"{bucket}/models/models.config")
-    assert _local_files(tmp_path) == [], "something was written to local disk"
+    assert _local_files(tmp_path / "cwd") == [], "something was written to local disk"
 
     served = tf.saved_model.load(out).signatures["predict_images"]
     x = np.random.RandomState(0).uniform(-1, 1, (2, 32, 32, 3)).astype("float32")
@@ -143,3 +168,23 @@ def test_an_image_folder_in_a_bucket_reads_as_on_disk(bucket, tmp_path):
     features = example.features.feature
     assert features[ingest.SOURCE_ID].bytes_list.value == [b"train/cat/0.jpg"]
     assert features[ingest.IMAGE].bytes_list.value == [(tmp_path / "local/train/cat/0.jpg").read_bytes()]
+
+
+def test_training_writes_its_model_checkpoints_and_logs_to_a_bucket_and_resumes_there(
+        bucket, tmp_path, fake_fmnist):
+    import keras
+    from test_training import _small_run
+
+    from keras_vit.training.run import train
+
+    cfg = _small_run(f"{bucket}/run", data_dir=fake_fmnist)
+    first = train(cfg)
+    assert storage.listdir(f"{bucket}/run") == ["backup", "history.csv", "logs", "metrics.json",
+                                                "model.keras"]
+    assert "run.json" in storage.listdir(f"{bucket}/run/backup")
+    assert storage.read_text(f"{bucket}/run/history.csv").count("\n") == 3  # a header and 2 chunks
+    assert _local_files(tmp_path / "cwd") == []
+    assert keras.saving.load_model(f"{bucket}/run/model.keras").config.num_classes == 10
+    # Started again, it finds its checkpoint in the bucket: nothing left to train.
+    again = train(cfg)
+    assert again["eval_top1"] == first["eval_top1"]

@@ -11,16 +11,16 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import os
 import time
 import warnings
 from typing import List, Optional, Tuple
 
 import keras
 
-from keras_vit import configs, data
+from keras_vit import configs, data, storage
 from keras_vit.evaluation import FewShotPlan
 from keras_vit.training import distribute, precision, recipes
+from keras_vit.training.csv_history import CSVHistory
 from keras_vit.training.fewshot import FewShotCallback
 
 
@@ -131,16 +131,15 @@ class TrainConfig:
                 except (ValueError, TypeError, OSError) as e:
                     problems.append(f"model {self.model!r}: {e}")
         if check_paths and self.weights and "://" not in self.weights:
-            need(os.path.exists(self.weights), f"weights {self.weights} not found")
+            need(storage.exists(self.weights), f"weights {self.weights} not found")
         if problems:
             raise ConfigError("bad training config:\n  " + "\n  ".join(problems))
 
 
 def _resume_point(backup_dir: str) -> Optional[int]:
-    path = os.path.join(backup_dir, "training_metadata.json")
-    if os.path.exists(path):
-        with open(path) as f:
-            return int(json.load(f)["epoch"])
+    path = storage.join(backup_dir, "training_metadata.json")
+    if storage.exists(path):
+        return int(json.loads(storage.read_text(path))["epoch"])
     return None
 
 
@@ -158,23 +157,20 @@ def _check_same_run(backup_dir: str, identity: dict, resume: Optional[int]) -> N
     Keras would load the weights of another model with an error about variable
     counts, and another schedule or chunking without one.
     """
-    path = os.path.join(backup_dir, RUN_IDENTITY)
+    path = storage.join(backup_dir, RUN_IDENTITY)
     identity = json.loads(json.dumps(identity))
     if resume is None:
-        os.makedirs(backup_dir, exist_ok=True)
-        with open(path, "w") as f:
-            json.dump(identity, f, indent=2, sort_keys=True)
+        storage.write_text(path, json.dumps(identity, indent=2, sort_keys=True))
         return
-    if not os.path.exists(path):  # a backup written before this check
+    if not storage.exists(path):  # a backup written before this check
         return
-    with open(path) as f:
-        recorded = json.load(f)
+    recorded = json.loads(storage.read_text(path))
     differences = _differences(recorded, identity)
     if differences:
         chunks = (recorded["steps"] * recorded["gradient_accumulation_steps"]
                   // recorded["micro_steps_per_chunk"])
         raise ConfigError(
-            f"{os.path.dirname(backup_dir)} holds the checkpoint of another run (after chunk {resume} of "
+            f"{storage.parent(backup_dir)} holds the checkpoint of another run (after chunk {resume} of "
             f"{chunks}), so this one cannot resume from it. It differs in:\n  " + "\n  ".join(differences)
             + "\nStart it with the settings it had to resume it, or give another output_dir to start afresh.")
 
@@ -224,12 +220,11 @@ def train(cfg: TrainConfig, source=None, build_model=None) -> dict:
     micro_steps = num_chunks * chunk  # the schedule is set for exactly these
     total_updates = micro_steps // accum
 
-    os.makedirs(cfg.output_dir, exist_ok=True)
-    paths = {"model": os.path.join(cfg.output_dir, "model.keras"),
-             "logs": os.path.join(cfg.output_dir, "logs"),
-             "history": os.path.join(cfg.output_dir, "history.csv"),
-             "metrics": os.path.join(cfg.output_dir, "metrics.json"),
-             "backup": os.path.join(cfg.output_dir, "backup")}
+    storage.check(cfg.output_dir)
+    storage.makedirs(cfg.output_dir)
+    paths = {name: storage.join(cfg.output_dir, leaf) for name, leaf in (
+        ("model", "model.keras"), ("logs", "logs"), ("history", "history.csv"), ("metrics", "metrics.json"),
+        ("backup", "backup"))}
     resume = _resume_point(paths["backup"])
 
     stats = data.DataStats()
@@ -272,7 +267,7 @@ def train(cfg: TrainConfig, source=None, build_model=None) -> dict:
         *([fewshot] if fewshot else []),  # first, so that the loggers below record its scores
         keras.callbacks.BackupAndRestore(paths["backup"], save_freq="epoch", delete_checkpoint=False),
         keras.callbacks.TensorBoard(paths["logs"], update_freq=max(chunk // 10, 1)),
-        keras.callbacks.CSVLogger(paths["history"], append=True),
+        CSVHistory(paths["history"]),
         keras.callbacks.TerminateOnNaN(),
     ]
     # The registry name alone would call a 141k-parameter variant "ViT-Ti/16".
@@ -316,7 +311,6 @@ def train(cfg: TrainConfig, source=None, build_model=None) -> dict:
                **{f"eval_{k}": v for k, v in results.items()}, "paths": paths}
     if fewshot is not None and fewshot.last is not None:
         summary["fewshot"] = fewshot.last["fewshot"]
-    with open(paths["metrics"], "w") as f:
-        json.dump(summary, f, indent=2)
+    storage.write_text(paths["metrics"], json.dumps(summary, indent=2))
     summary["model_obj"] = model
     return summary
