@@ -252,8 +252,9 @@ def resolve_config(name_or_config: Union[str, "ViTConfig", dict]) -> ViTConfig:
     if isinstance(name_or_config, dict):
         return ViTConfig.from_dict(name_or_config)
     if isinstance(name_or_config, str) and name_or_config.endswith(".json"):
-        with open(name_or_config) as f:
-            return ViTConfig.from_json(f.read())
+        from keras_vit import storage
+
+        return ViTConfig.from_json(storage.read_text(name_or_config))
     if isinstance(name_or_config, str):
         return get_config(name_or_config)
     raise TypeError(

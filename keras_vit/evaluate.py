@@ -15,7 +15,6 @@ large training split costs one pass over its labels, not over its images.
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
 
@@ -59,7 +58,7 @@ def define_flags():
 
 def main(argv):
     del argv
-    from keras_vit import data
+    from keras_vit import data, storage
     from keras_vit.cli import exit_for_bad_config, load_model_or_exit
     from keras_vit.evaluation import FewShotPlan
     from keras_vit.training import precision
@@ -94,9 +93,7 @@ def main(argv):
     if FLAGS.output_json:
         result.update(model=FLAGS.model, dataset=source.name, train_split=FLAGS.train_split,
                       test_split=test_split, precision=policy)
-        os.makedirs(os.path.dirname(os.path.abspath(FLAGS.output_json)), exist_ok=True)
-        with open(FLAGS.output_json, "w") as f:
-            json.dump(result, f, indent=2)
+        storage.write_text(FLAGS.output_json, json.dumps(result, indent=2))
         print(f"Results: {FLAGS.output_json}")
 
 

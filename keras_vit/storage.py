@@ -103,14 +103,19 @@ def read_bytes(path: str) -> bytes:
 
 
 def write_text(path: str, text: str) -> str:
-    """Writes `text` to `path` whole: it is written beside `path` and renamed over it
-    (atomic on local disk; on object stores a copy of one object, which appears at
-    once), so no reader sees half of it."""
+    """`write_bytes` of `text` in UTF-8."""
+    return write_bytes(path, text.encode())
+
+
+def write_bytes(path: str, data: bytes) -> str:
+    """Writes `data` to `path` whole, making its folder: it is written beside `path` and
+    renamed over it (atomic on local disk; on object stores a copy of one object, which
+    appears at once), so no reader sees half of it. Returns `path`."""
     makedirs(parent(path))
     partial = f"{path}.partial-{uuid.uuid4().hex[:8]}"
     try:
-        with tf.io.gfile.GFile(partial, "w") as f:
-            f.write(text)
+        with tf.io.gfile.GFile(partial, "wb") as f:
+            f.write(data)
         tf.io.gfile.rename(partial, path, overwrite=True)
     finally:
         if tf.io.gfile.exists(partial):

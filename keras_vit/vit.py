@@ -8,6 +8,7 @@ from typing import Optional, Union
 import keras
 from keras import ops
 
+from keras_vit import storage
 from keras_vit.configs import ViTConfig, resolve_config
 from keras_vit.layers import (ClassToken, EncoderBlock, LayerNorm, PatchEmbedding, PositionEmbedding,
                               ResNetStem, graph_kind)
@@ -155,7 +156,7 @@ def load_model(path: str, image_size=None) -> VisionTransformer:
         return create_model(None, weights=path, image_size=image_size)
     if image_size is not None:
         raise ValueError("image_size applies to checkpoints; a .keras model keeps its own size")
-    if not os.path.exists(path):
+    if not storage.exists(path):
         raise FileNotFoundError(f"no model at {path}")
     model = keras.saving.load_model(path)
     if not isinstance(model, VisionTransformer):

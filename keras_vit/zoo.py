@@ -8,7 +8,6 @@ the token count at the chosen resolution. Writes `model_zoo.md` and
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
 
@@ -57,18 +56,15 @@ def main(argv):
         r = rows[-1]
         print(f"[{i}/{len(names)}] {r['model']:<14} {r['params']:>13,} params  {r['gmacs']:>8.2f} GMACs"
               f"  ({time.time() - start:.1f} s)", flush=True)
-    os.makedirs(FLAGS.output_dir, exist_ok=True)
-    md = os.path.join(FLAGS.output_dir, "model_zoo.md")
-    with open(md, "w") as f:
-        f.write(f"Models at {FLAGS.image_size}x{FLAGS.image_size}, {FLAGS.num_classes} classes.\n\n")
-        f.write("| model | params | GMACs | tokens | width | depth | heads |\n"
-                "|---|---:|---:|---:|---:|---:|---:|\n")
-        for r in rows:
-            f.write(f"| {r['model']} | {r['params']:,} | {r['gmacs']:.2f} | {r['tokens']} | "
-                    f"{r['hidden_size']} | {r['layers']} | {r['heads']} |\n")
-    js = os.path.join(FLAGS.output_dir, "model_zoo.json")
-    with open(js, "w") as f:
-        json.dump(rows, f, indent=2)
+    from keras_vit import storage
+
+    table = [f"Models at {FLAGS.image_size}x{FLAGS.image_size}, {FLAGS.num_classes} classes.\n\n",
+             "| model | params | GMACs | tokens | width | depth | heads |\n",
+             "|---|---:|---:|---:|---:|---:|---:|\n"]
+    table += [f"| {r['model']} | {r['params']:,} | {r['gmacs']:.2f} | {r['tokens']} | "
+              f"{r['hidden_size']} | {r['layers']} | {r['heads']} |\n" for r in rows]
+    md = storage.write_text(storage.join(FLAGS.output_dir, "model_zoo.md"), "".join(table))
+    js = storage.write_text(storage.join(FLAGS.output_dir, "model_zoo.json"), json.dumps(rows, indent=2))
     print(f"Wrote {md} and {js}", file=sys.stderr)
 
 

@@ -188,3 +188,40 @@ def test_training_writes_its_model_checkpoints_and_logs_to_a_bucket_and_resumes_
     # Started again, it finds its checkpoint in the bucket: nothing left to train.
     again = train(cfg)
     assert again["eval_top1"] == first["eval_top1"]
+
+
+@pytest.mark.parametrize("name", ["vit_tiny_token_rep.npz", "hf_vit_tiny"])
+def test_a_checkpoint_in_a_bucket_loads_as_on_disk(bucket, name):
+    import keras_vit
+    from conftest import data_path
+
+    local = data_path(name)
+    remote = f"{bucket}/checkpoints/{name}"
+    if os.path.isdir(local):
+        storage.copy_tree(local, remote)
+    else:
+        tf.io.gfile.copy(local, remote)
+    for a, b in zip(keras_vit.create_model(None, weights=local).weights,
+                    keras_vit.create_model(None, weights=remote).weights):
+        np.testing.assert_array_equal(a, b)
+    assert keras_vit.inspect_checkpoint(remote) == keras_vit.inspect_checkpoint(local)
+    with pytest.raises(FileNotFoundError, match="checkpoint not found"):
+        keras_vit.create_model(None, weights=f"{bucket}/checkpoints/missing.npz")
+
+
+def test_figures_and_input_images_go_through_buckets(bucket, tmp_path):
+    from PIL import Image
+
+    from keras_vit.visualize.images import load_images
+    from keras_vit.visualize.plots import pyplot, save_figure
+
+    fig = pyplot().figure()
+    fig.gca().plot([0, 1], [1, 0])
+    path = save_figure(fig, f"{bucket}/figures/line.png")
+    assert storage.read_bytes(path).startswith(b"\x89PNG")
+    for name in ("a.png", "b.png"):
+        Image.new("RGB", (12, 12), (200, 10, 10)).save(tmp_path / name)
+        tf.io.gfile.copy(str(tmp_path / name), f"{bucket}/photos/{name}")
+    images, names = load_images([f"{bucket}/photos"], (8, 8), 3)
+    assert images.shape == (2, 8, 8, 3) and names == ["a.png", "b.png"]
+    assert load_images([f"{bucket}/photos/b*.png"], (8, 8), 3)[1] == ["b.png"]

@@ -7,23 +7,22 @@ are [in, out]; PyTorch Linear weights are [out, in] and convs [out, in, kh, kw])
 from __future__ import annotations
 
 import json
-import os
 import re
 from typing import Dict
 
 import numpy as np
 
+from keras_vit import storage
 from keras_vit.checkpoints.errors import CheckpointError
 
 _GELU_APPROXIMATE = {"gelu": False, "gelu_new": True, "gelu_pytorch_tanh": True, "gelu_fast": True}
 
 
 def read_config(path: str) -> dict:
-    config_path = os.path.join(path, "config.json")
-    if not os.path.exists(config_path):
+    config_path = storage.join(path, "config.json")
+    if not storage.exists(config_path):
         raise CheckpointError(f"{path}: no config.json, so not a Hugging Face model directory")
-    with open(config_path) as f:
-        config = json.load(f)
+    config = json.loads(storage.read_text(config_path))
     if config.get("model_type") != "vit":
         raise CheckpointError(
             f"{path}: model_type {config.get('model_type')!r} is not supported; "
@@ -32,25 +31,26 @@ def read_config(path: str) -> dict:
 
 
 def read_tensors(path: str) -> Dict[str, np.ndarray]:
-    from safetensors.numpy import load_file
+    from safetensors.numpy import load, load_file
 
-    single = os.path.join(path, "model.safetensors")
-    index = os.path.join(path, "model.safetensors.index.json")
-    if os.path.exists(single):
+    single = storage.join(path, "model.safetensors")
+    index = storage.join(path, "model.safetensors.index.json")
+    if storage.exists(single):
         files = [single]
-    elif os.path.exists(index):
-        with open(index) as f:
-            files = sorted({os.path.join(path, v) for v in json.load(f)["weight_map"].values()})
+    elif storage.exists(index):
+        weight_map = json.loads(storage.read_text(index))["weight_map"]
+        files = sorted({storage.join(path, v) for v in weight_map.values()})
     else:
         pickled = [n for n in ("pytorch_model.bin", "tf_model.h5", "flax_model.msgpack")
-                   if os.path.exists(os.path.join(path, n))]
+                   if storage.exists(storage.join(path, n))]
         hint = (f" It has {', '.join(pickled)}; save it with safe_serialization=True "
                 "(model.save_pretrained) to get model.safetensors." if pickled else "")
         raise CheckpointError(f"{path}: no model.safetensors.{hint}")
     tensors = {}
     for file in files:
         try:
-            tensors.update(load_file(file))
+            # A local file is mapped; one in a bucket is read whole first.
+            tensors.update(load(storage.read_bytes(file)) if storage.is_url(file) else load_file(file))
         except Exception as e:  # safetensors raises its own error types
             raise CheckpointError(f"{file}: not a readable safetensors file ({e})") from e
     # ViTForImageClassification prefixes the backbone with "vit."; ViTModel does not.

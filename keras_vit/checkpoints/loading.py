@@ -10,6 +10,7 @@ from typing import Dict, List, Optional, Tuple
 import numpy as np
 from absl import logging
 
+from keras_vit import storage
 from keras_vit.checkpoints import huggingface, npz
 from keras_vit.checkpoints.errors import CheckpointError
 from keras_vit.checkpoints.posemb import interpolate_posembed
@@ -36,7 +37,7 @@ class CheckpointSource:
     def infer_config(self) -> ViTConfig:
         fields = {k: v for k, v in self.config_fields.items() if v is not None or k in
                   ("representation_size", "resnet")}
-        name = os.path.basename(os.path.normpath(self.path))
+        name = storage.basename(self.path)
         return ViTConfig(name=os.path.splitext(name)[0], **fields, **self.overrides)
 
     def implied_overrides(self) -> dict:
@@ -51,7 +52,7 @@ class CheckpointSource:
 
 def checkpoint_class_names(path: str) -> Optional[List[str]]:
     """The names a checkpoint gives its classes: a Hugging Face config's `id2label`; None for .npz."""
-    return huggingface.class_names(huggingface.read_config(path)) if os.path.isdir(path) else None
+    return huggingface.class_names(huggingface.read_config(path)) if storage.isdir(path) else None
 
 
 @contextlib.contextmanager
@@ -66,9 +67,9 @@ def _naming_the_file(path: str):
 def open_checkpoint(path: str) -> CheckpointSource:
     """Reads an official `.npz` or a Hugging Face ViT directory."""
     path = os.fspath(path)
-    if not os.path.exists(path):
+    if not storage.exists(path):
         raise FileNotFoundError(f"checkpoint not found: {path}")
-    if os.path.isdir(path):
+    if storage.isdir(path):
         config = huggingface.read_config(path)
         tensors = huggingface.read_tensors(path)
         with _naming_the_file(path):
@@ -232,7 +233,7 @@ def load_into(model, source: CheckpointSource) -> List[str]:
     for var, value in assignments:
         var.assign(np.asarray(value, dtype="float32"))
     for note in notes:
-        logging.warning("keras_vit: %s: %s", os.path.basename(source.path), note)
+        logging.warning("keras_vit: %s: %s", storage.basename(source.path), note)
     return notes
 
 

@@ -6,13 +6,14 @@ All three are turned into the released naming (`MultiHeadDotProductAttention_1`,
 
 from __future__ import annotations
 
-import os
 import re
 import zipfile
 from typing import Dict, Optional, Tuple
 
 import numpy as np
+import tensorflow as tf
 
+from keras_vit import storage
 from keras_vit.checkpoints.errors import CheckpointError
 
 # Current Flax (and big_vision) number the modules of a block per type.
@@ -26,14 +27,27 @@ _FLAX_BLOCK_NAMES = {
 
 def read_npz(path: str) -> Dict[str, np.ndarray]:
     """Every array of an `.npz`, refusing pickled objects."""
-    if os.path.exists(path) and not zipfile.is_zipfile(path):
-        raise CheckpointError(f"{path}: not a readable .npz checkpoint (not a zip archive)")
+    if not storage.exists(path):
+        raise FileNotFoundError(f"checkpoint not found: {path}")
+    with tf.io.gfile.GFile(path, "rb") as f:  # local or in a bucket
+        if not _is_zip(f):
+            raise CheckpointError(f"{path}: not a readable .npz checkpoint (not a zip archive)")
+        f.seek(0)
+        return _arrays(path, f)
+
+
+def _is_zip(f) -> bool:
     try:
-        with np.load(path, allow_pickle=False) as data:
+        return zipfile.is_zipfile(f)
+    except tf.errors.OpError:  # GFile refuses to seek before the start of a file shorter than a zip's end
+        return False
+
+
+def _arrays(path, f) -> Dict[str, np.ndarray]:
+    try:
+        with np.load(f, allow_pickle=False) as data:
             return {k: data[k] for k in data.files}
-    except FileNotFoundError:
-        raise
-    except (zipfile.BadZipFile, OSError, EOFError) as e:
+    except (zipfile.BadZipFile, OSError, EOFError, tf.errors.OpError) as e:
         raise CheckpointError(f"{path}: not a readable .npz checkpoint ({e})") from e
     except ValueError as e:
         raise CheckpointError(

@@ -14,7 +14,7 @@ directory). Each command writes a PNG and the numbers behind it (`.npy`) to
 
 from __future__ import annotations
 
-import os
+import io
 
 import numpy as np
 from absl import app, flags
@@ -43,10 +43,12 @@ def _images(model):
 
 
 def _write(stem: str, numbers: np.ndarray, figure) -> None:
-    os.makedirs(FLAGS.output_dir, exist_ok=True)
-    npy = os.path.join(FLAGS.output_dir, f"{stem}.npy")
-    np.save(npy, numbers)
-    png = figure(os.path.join(FLAGS.output_dir, f"{stem}.png"))
+    from keras_vit import storage
+
+    buffer = io.BytesIO()
+    np.save(buffer, numbers)
+    npy = storage.write_bytes(storage.join(FLAGS.output_dir, f"{stem}.npy"), buffer.getvalue())
+    png = figure(storage.join(FLAGS.output_dir, f"{stem}.png"))
     print(f"Wrote {png}\n      {npy} {list(numbers.shape)}")
 
 

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import glob
-import os
 from typing import List, Tuple
 
 import numpy as np
@@ -37,11 +35,14 @@ def _dataset_images(spec: str, limit: int) -> List[Tuple[str, bytes]]:
 
 
 def _files(spec: str) -> List[str]:
-    if os.path.isdir(spec):
-        found = sorted(p for p in glob.glob(os.path.join(spec, "**", "*"), recursive=True)
-                       if p.lower().endswith(_EXTENSIONS))
+    import tensorflow as tf
+
+    from keras_vit import storage
+
+    if storage.isdir(spec):
+        found = [p for p, _ in storage.files_under(spec) if p.lower().endswith(_EXTENSIONS)]
     else:
-        found = sorted(glob.glob(spec))
+        found = sorted(tf.io.gfile.glob(spec))
     if not found:
         raise FileNotFoundError(f"no images match {spec!r}")
     return found
@@ -54,7 +55,7 @@ def load_images(specs: List[str], image_size, channels: int, limit: int = 16):
     (a photo bundled with scikit-image) or `dataset:<tfds name>:<split>` (its first
     images). Returns (`[N, h, w, channels]` float32 in [-1, 1], N names), N <= limit.
     """
-    from keras_vit import preprocessing
+    from keras_vit import preprocessing, storage
 
     named: List[Tuple[str, bytes]] = []
     for spec in specs:
@@ -63,9 +64,7 @@ def load_images(specs: List[str], image_size, channels: int, limit: int = 16):
         elif spec.startswith("dataset:"):
             named.extend(_dataset_images(spec[len("dataset:"):], limit - len(named)))
         else:
-            for path in _files(spec):
-                with open(path, "rb") as f:
-                    named.append((os.path.basename(path), f.read()))
+            named += [(storage.basename(path), storage.read_bytes(path)) for path in _files(spec)]
         if len(named) >= limit:
             break
     named = named[:limit]

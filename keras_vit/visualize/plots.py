@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import os
+import io
 from typing import Optional, Sequence
 
 import numpy as np
@@ -55,11 +55,13 @@ def overlay(image, attention_map, alpha: float = 0.5, cmap: str = "inferno") -> 
 
 
 def save_figure(fig, path: str) -> str:
-    """Saves `fig` as a PNG at `path` (making its folder), closes it, returns `path`."""
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    fig.savefig(path, dpi=100, bbox_inches="tight")
+    """Saves `fig` as a PNG at `path` (local or in a bucket), closes it, returns `path`."""
+    from keras_vit import storage
+
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=100, bbox_inches="tight")
     pyplot().close(fig)
-    return path
+    return storage.write_bytes(path, buffer.getvalue())
 
 
 def plot_rollout(images, maps, path: str, titles: Optional[Sequence[str]] = None) -> str:
