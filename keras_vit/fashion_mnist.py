@@ -23,9 +23,11 @@ _FILES = {"train": ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz"),
 
 def read_idx(path: str) -> np.ndarray:
     """An IDX file (optionally gzipped) as a numpy array of its declared shape."""
-    opener = gzip.open if path.endswith(".gz") else open
-    with opener(path, "rb") as f:
-        data = f.read()
+    from keras_vit import storage
+
+    data = storage.read_bytes(path)
+    if path.endswith(".gz"):
+        data = gzip.decompress(data)
     if len(data) < 4 or data[0] != 0 or data[1] != 0 or data[2] != 0x08:
         raise ValueError(f"{path}: not an unsigned-byte IDX file")
     ndim = data[3]
@@ -43,9 +45,11 @@ def source_dir() -> str:
 def load_arrays(split: str, directory: str = None):
     """(images uint8 [N, 28, 28], labels uint8 [N]) of 'train' or 'test'."""
     directory = directory or source_dir()
-    images_file, labels_file = (os.path.join(directory, f) for f in _FILES[split])
+    from keras_vit import storage
+
+    images_file, labels_file = (storage.join(directory, f) for f in _FILES[split])
     for f in (images_file, labels_file):
-        if not os.path.exists(f):
+        if not storage.exists(f):
             raise FileNotFoundError(
                 f"{f} is missing: install Debian's dataset-fashion-mnist (make test does), "
                 "or set KERAS_VIT_FASHION_MNIST_DIR to a folder with the four IDX files")
