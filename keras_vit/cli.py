@@ -49,3 +49,45 @@ def load_model_or_exit(path: str, image_size=None):
         return load_model(path, image_size)
     except (FileNotFoundError, ValueError, TypeError) as e:  # CheckpointError is a ValueError
         exit_for_bad_config(f"--model={path}: {e}")
+
+
+def run_app(main) -> None:
+    """`absl.app.run(main)`, with a StorageError (a bucket that is missing or out of
+    reach, say) reported as a message and status 1, and the same exit status also
+    where TensorFlow I/O's S3 client was used: its static destructors abort the interpreter's own exit (status
+    134, "pure virtual method called"), so there the process ends itself
+    (`storage.exit_now`) once `main` is done."""
+    from absl import app
+
+    def guarded(argv):
+        from keras_vit.storage import StorageError
+
+        try:
+            return main(argv)
+        except StorageError as e:  # a path the user gave: said plainly, not as a traceback
+            sys.exit(f"{e}")
+
+    try:
+        app.run(guarded)
+    except SystemExit as e:
+        if not _s3_used():
+            raise
+        if e.code is not None and not isinstance(e.code, int):
+            print(e.code, file=sys.stderr)
+        _exit_now(e.code if isinstance(e.code, int) else 0 if e.code is None else 1)
+    except BaseException:
+        if not _s3_used():
+            raise
+        import traceback
+
+        traceback.print_exc()
+        _exit_now(1)
+
+
+def _s3_used() -> bool:
+    storage = sys.modules.get("keras_vit.storage")  # never imported: never used
+    return storage is not None and storage.s3_loaded()
+
+
+def _exit_now(status: int) -> None:
+    sys.modules["keras_vit.storage"].exit_now(status)

@@ -18,7 +18,7 @@ import json
 import sys
 import time
 
-from absl import app, flags
+from absl import flags
 
 FLAGS = flags.FLAGS
 
@@ -99,8 +99,10 @@ def main(argv):
 
 def run():
     """Console entry point; flags are defined here so importing the module defines none."""
+    from keras_vit.cli import run_app
+
     define_flags()
-    app.run(main)
+    run_app(main)
 
 
 if __name__ == "__main__":

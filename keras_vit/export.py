@@ -257,6 +257,7 @@ def main(argv):
     from keras_vit.checkpoints import checkpoint_class_names
     from keras_vit.cli import load_model_or_exit
 
+    storage.check(FLAGS.output_dir)  # before the model is read
     model = load_model_or_exit(FLAGS.model, FLAGS.image_size)
     if FLAGS.precision is not None:
         model = precision.to_precision(model, FLAGS.precision)
@@ -307,10 +308,10 @@ def _define_flags():
 
 def run():
     """Console entry point; flags are defined here so importing the module defines none."""
-    from absl import app
+    from keras_vit.cli import run_app
 
     _define_flags()
-    app.run(main)
+    run_app(main)
 
 
 if __name__ == "__main__":

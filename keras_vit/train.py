@@ -18,7 +18,7 @@ import json
 import os
 import sys
 
-from absl import app, flags
+from absl import flags
 
 FLAGS = flags.FLAGS
 
@@ -125,5 +125,7 @@ def main(argv):
 
 
 if __name__ == "__main__":
+    from keras_vit.cli import run_app
+
     define_flags()
-    app.run(main)
+    run_app(main)

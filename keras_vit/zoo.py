@@ -11,7 +11,7 @@ import json
 import sys
 import time
 
-from absl import app, flags
+from absl import flags
 
 FLAGS = flags.FLAGS
 flags.DEFINE_list("models", None, "Model names to include (default: all registered).")
@@ -69,7 +69,9 @@ def main(argv):
 
 
 def run():
-    app.run(main)
+    from keras_vit.cli import run_app
+
+    run_app(main)
 
 
 if __name__ == "__main__":

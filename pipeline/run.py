@@ -40,16 +40,25 @@ COMPONENT_ORDER = ("ImageExampleGen", "StatisticsGen", "SchemaGen", "CurateSchem
                    "ServingPusher")
 
 
-def beam_args(direct_workers: int, extra: Optional[List[str]] = None) -> List[str]:
+def beam_args(direct_workers: int, extra: Optional[List[str]] = None, env=None) -> List[str]:
     """Beam flags: the FnApiRunner with `direct_workers` processes (1: in memory), then
     `extra`, whose `--runner` wins. The runner is named: Beam's DirectRunner would first
     try to download and start its Prism runner, so that machines with and without
-    internet would run the components differently."""
+    internet would run the components differently.
+
+    Where `env` (default os.environ) sets the S3 endpoint or region (`AWS_ENDPOINT_URL`,
+    `AWS_REGION`), Beam's S3 filesystem is given them too; its credentials come from
+    the AWS variables, never the command line, which TFX records."""
     if direct_workers < 1:
         raise ValueError(f"beam_direct_workers must be >= 1, got {direct_workers}")
+    env = os.environ if env is None else env
     args = (["--direct_running_mode=multi_processing", f"--direct_num_workers={direct_workers}"]
             if direct_workers > 1 else ["--direct_running_mode=in_memory", "--direct_num_workers=1"])
-    return ["--runner=FnApiRunner"] + args + list(extra or [])
+    endpoint = env.get("AWS_ENDPOINT_URL_S3") or env.get("AWS_ENDPOINT_URL")
+    region = env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION")
+    s3 = [f"--s3_endpoint_url={endpoint}"] if endpoint else []
+    s3 += [f"--s3_region_name={region}"] if region else []
+    return ["--runner=FnApiRunner"] + args + s3 + list(extra or [])
 
 
 def input_fingerprint(spec: ingest.SourceSpec) -> str:
@@ -369,8 +378,9 @@ def main(argv):
     try:
         pipeline, spec, (metadata, where) = build_from_flags(FLAGS)
         if FLAGS.orchestrator == "local":
-            for flag in ("pipeline_root", "serving_dir"):
-                storage.check(getattr(FLAGS, flag))
+            for flag in ("pipeline_root", "serving_dir", "image_dir", "data_dir"):
+                if getattr(FLAGS, flag):
+                    storage.check(getattr(FLAGS, flag))
     except (ConfigError, storage.StorageError) as e:
         exit_for_bad_config(str(e))
     if FLAGS.orchestrator == "kubeflow_v2":
@@ -403,10 +413,10 @@ def main(argv):
 
 
 def run():
-    from absl import app
+    from keras_vit.cli import run_app
 
     _define_flags()
-    app.run(main)
+    run_app(main)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,8 @@
 """Shared test setup: quiet TensorFlow, fixed seeds, the bundled test vectors."""
 
+import json
 import os
+import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -115,3 +117,41 @@ def fake_fmnist(tmp_path, monkeypatch):
     """Points fashion_mnist_local at small fake IDX files; returns a fresh TFDS data_dir."""
     monkeypatch.setenv("KERAS_VIT_FASHION_MNIST_DIR", make_fake_fashion_mnist(tmp_path / "idx"))
     return str(tmp_path / "tfds")
+
+
+TINY_OVERRIDES = {"patch_size": 7, "hidden_size": 16, "mlp_dim": 32, "num_heads": 2, "num_layers": 1}
+
+
+def small_run(output_dir, **changes):
+    """A TrainConfig of a few steps of a one-layer ViT on 28-pixel images."""
+    from keras_vit.training import TrainConfig
+
+    fields = dict(model="ViT-Ti/16", model_overrides=TINY_OVERRIDES, image_size=28, steps=4, batch_size=8,
+                  warmup_steps=1, precision="float32", output_dir=str(output_dir), verbose=0,
+                  checkpoint_every=2)
+    fields.update(changes)
+    return TrainConfig(**fields)
+
+
+def train_command(output_dir, steps, extra=()):
+    """`python -m keras_vit.train` of `small_run`'s model, as a command line."""
+    return [sys.executable, "-m", "keras_vit.train", "--model=ViT-Ti/16",
+            "--model_overrides=" + json.dumps(TINY_OVERRIDES), "--image_size=28", f"--steps={steps}",
+            "--batch_size=16", "--checkpoint_every=2", "--precision=float32", "--warmup_steps=2",
+            f"--output_dir={output_dir}", *extra]
+
+
+def make_image_folder(root, corrupt=False):
+    """A train/test, cat/dog folder of JPEGs under `root` (a pathlib.Path); returns it as a str."""
+    from PIL import Image
+
+    rng = np.random.RandomState(0)
+    for split, n in (("train", 6), ("test", 3)):
+        for label in ("cat", "dog"):
+            d = root / split / label
+            d.mkdir(parents=True)
+            for i in range(n):
+                Image.fromarray(rng.randint(0, 255, (20 + i, 24, 3), dtype=np.uint8)).save(d / f"{i}.jpg")
+    if corrupt:
+        (root / "train" / "dog" / "broken.jpg").write_bytes(b"this is not a jpeg")
+    return str(root)

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 import tensorflow_datasets as tfds
-from conftest import write_idx
+from conftest import make_image_folder, write_idx
 from PIL import Image
 
 from keras_vit import data, fashion_mnist, preprocessing
@@ -123,19 +123,6 @@ def test_named_downstream_datasets_run_offline_with_mock_data(name):
 def test_unknown_dataset_is_a_clear_error():
     with pytest.raises(ValueError, match="unknown TFDS dataset 'no_such_dataset_xyz'"):
         data.open_source("no_such_dataset_xyz")
-
-
-def make_image_folder(root, corrupt=False):
-    rng = np.random.RandomState(0)
-    for split, n in (("train", 6), ("test", 3)):
-        for label in ("cat", "dog"):
-            d = root / split / label
-            d.mkdir(parents=True)
-            for i in range(n):
-                Image.fromarray(rng.randint(0, 255, (20 + i, 24, 3), dtype=np.uint8)).save(d / f"{i}.jpg")
-    if corrupt:
-        (root / "train" / "dog" / "broken.jpg").write_bytes(b"this is not a jpeg")
-    return str(root)
 
 
 def test_image_folder(tmp_path):

@@ -126,6 +126,13 @@ def test_beam_runs_on_the_named_local_runner_unless_told_otherwise():
     assert runner(run.beam_args(1)) == ("FnApiRunner", "in_memory", 1)
     assert runner(run.beam_args(4)) == ("FnApiRunner", "multi_processing", 4)
     assert runner(run.beam_args(1, ["--runner=FlinkRunner"]))[0] == "FlinkRunner"
+    from apache_beam.options.pipeline_options import S3Options
+
+    env = {"AWS_ENDPOINT_URL": "http://127.0.0.1:9000", "AWS_REGION": "eu-west-1",
+           "AWS_SECRET_ACCESS_KEY": "x"}
+    s3 = PipelineOptions(run.beam_args(1, env=env)).view_as(S3Options)
+    assert (s3.s3_endpoint_url, s3.s3_region_name, s3.s3_secret_access_key) == (
+        "http://127.0.0.1:9000", "eu-west-1", None)  # secrets stay in the environment
     with pytest.raises(ValueError, match=">= 1"):
         run.beam_args(0)
 

@@ -17,6 +17,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from conftest import TINY_OVERRIDES, small_run, train_command
+
 import keras_vit
 from keras_vit import ViTConfig, data
 from keras_vit.training import (ConfigError, TrainConfig, WarmupDecay, compile_model, get_recipe,
@@ -27,7 +29,6 @@ from keras_vit.training.recipes import SparseSigmoidCrossEntropy, make_optimizer
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = ViTConfig(name="tiny", patch_size=4, hidden_size=16, mlp_dim=32, num_heads=2, num_layers=2,
                  image_size=(8, 8), num_classes=3)
-TINY_OVERRIDES = {"patch_size": 7, "hidden_size": 16, "mlp_dim": 32, "num_heads": 2, "num_layers": 1}
 
 
 def test_warmup_then_linear_or_cosine_decay():
@@ -178,28 +179,20 @@ def test_train_end_to_end_learns_and_writes_its_outputs(fake_fmnist, tmp_path):
     assert loaded.config.num_classes == 10
 
 
-def _small_run(output_dir, **changes):
-    fields = dict(model="ViT-Ti/16", model_overrides=TINY_OVERRIDES, image_size=28, steps=4, batch_size=8,
-                  warmup_steps=1, precision="float32", output_dir=str(output_dir), verbose=0,
-                  checkpoint_every=2)
-    fields.update(changes)
-    return TrainConfig(**fields)
-
-
 def test_a_run_whose_loss_turns_nan_fails_and_saves_nothing(fake_fmnist, tmp_path):
     def build(num_classes, image_size):
         return keras.Sequential([keras.Input((image_size, image_size, 1)), keras.layers.Flatten(),
                                  keras.layers.Dense(num_classes), keras.layers.Lambda(lambda t: t * np.nan)])
 
     with pytest.raises(FloatingPointError, match=r"NaN or infinite in chunk 1 of 2; nothing was saved"):
-        train(_small_run(tmp_path / "run", data_dir=fake_fmnist), build_model=build)
+        train(small_run(tmp_path / "run", data_dir=fake_fmnist), build_model=build)
     assert not (tmp_path / "run" / "model.keras").exists()
 
 
 def test_a_config_that_cannot_work_is_refused_with_every_reason_before_any_work(tmp_path, monkeypatch):
-    cfg = _small_run(tmp_path / "run", steps=None, batch_size=0, learning_rate=-1.0, precision="fp8",
-                     strategy="mirror", gradient_accumulation_steps=0, crop_area_min=0.0,
-                     model_overrides={"hiden_size": 8}, weights=str(tmp_path / "missing.npz"))
+    cfg = small_run(tmp_path / "run", steps=None, batch_size=0, learning_rate=-1.0, precision="fp8",
+                    strategy="mirror", gradient_accumulation_steps=0, crop_area_min=0.0,
+                    model_overrides={"hiden_size": 8}, weights=str(tmp_path / "missing.npz"))
 
     def touched(*args, **kwargs):
         raise AssertionError("the data was opened for a config that cannot work")
@@ -215,13 +208,13 @@ def test_a_config_that_cannot_work_is_refused_with_every_reason_before_any_work(
     assert "unknown config field(s) ['hiden_size']" in reasons[6]
     assert not (tmp_path / "run").exists()
     with pytest.raises(ConfigError, match=r"batch_size 8 is not divisible by gradient_accumulation_steps 3"):
-        _small_run(tmp_path / "run", gradient_accumulation_steps=3).validate()
+        small_run(tmp_path / "run", gradient_accumulation_steps=3).validate()
     with pytest.raises(ConfigError, match=r"model 'ViT-Ti/16': image_size \(30, 30\) must be a multiple"):
-        _small_run(tmp_path / "run", image_size=30).validate()
+        small_run(tmp_path / "run", image_size=30).validate()
     # A caller's own model builder replaces model and image_size; weights elsewhere are not looked for.
-    _small_run(tmp_path / "run", image_size=30, model_overrides={"x": 1}).validate(check_model=False)
-    _small_run(tmp_path / "run", weights="gs://bucket/ViT-B_16.npz").validate()
-    _small_run(tmp_path / "run", weights=str(tmp_path / "missing.npz")).validate(check_paths=False)
+    small_run(tmp_path / "run", image_size=30, model_overrides={"x": 1}).validate(check_model=False)
+    small_run(tmp_path / "run", weights="gs://bucket/ViT-B_16.npz").validate()
+    small_run(tmp_path / "run", weights=str(tmp_path / "missing.npz")).validate(check_paths=False)
 
 
 @pytest.mark.parametrize("changes, message", [
@@ -242,20 +235,20 @@ def test_recipes_refuse_values_that_cannot_train(changes, message):
 
 def test_the_cli_reports_a_bad_config_in_its_own_words(tmp_path):
     env = {**os.environ, "PYTHONPATH": ROOT}
-    proc = subprocess.run(_train_command(tmp_path / "run", 0, ["--learning_rate=-1"]), env=env,
+    proc = subprocess.run(train_command(tmp_path / "run", 0, ["--learning_rate=-1"]), env=env,
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 1
     assert ("bad training config:\n  steps must be >= 1, got 0\n  recipe 'pretrain': learning_rate must be "
             ">= 0, got -1.0\nPass --helpshort") in proc.stderr
     assert "Traceback" not in proc.stderr and not (tmp_path / "run").exists()
-    proc = subprocess.run(_train_command(tmp_path / "run", 1, ["--model_overrides=[4]"]), env=env,
+    proc = subprocess.run(train_command(tmp_path / "run", 1, ["--model_overrides=[4]"]), env=env,
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 1
     assert "flag --model_overrides=[4]: must be a JSON object of config fields" in proc.stderr
 
 
 def test_another_run_is_not_resumed_from_a_checkpoint_it_did_not_write(fake_fmnist, tmp_path):
-    cfg = _small_run(tmp_path / "run", data_dir=fake_fmnist)
+    cfg = small_run(tmp_path / "run", data_dir=fake_fmnist)
     first = train(cfg)
     assert json.loads((tmp_path / "run" / "backup" / "run.json").read_text())["steps"] == 4
     wider = {**TINY_OVERRIDES, "hidden_size": 32}
@@ -293,8 +286,8 @@ def test_skipping_bad_records_trains_on_the_rest_and_fails_when_none_is_left(tmp
                 (folder / "broken.jpg").write_bytes(b"not a jpeg")
             for i in range(4):
                 Image.new("RGB", (28, 28), (60 * i, 0, 0)).save(folder / f"{i}.jpg")
-    cfg = _small_run(tmp_path / "run", dataset=None, image_dir=str(tmp_path / "images"),
-                     skip_bad_records=True)
+    cfg = small_run(tmp_path / "run", dataset=None, image_dir=str(tmp_path / "images"),
+                    skip_bad_records=True)
     summary = train(cfg)
     assert summary["steps"] == 4 and summary["skipped_records"] >= 2
     for path in (tmp_path / "images" / "train").glob("*/*.jpg"):
@@ -318,26 +311,19 @@ def test_a_run_without_a_split_to_use_fails_with_the_reason(tmp_path):
         (tmp_path / "images" / "train" / label).mkdir(parents=True)
         Image.new("RGB", (28, 28)).save(tmp_path / "images" / "train" / label / "0.jpg")
     with pytest.raises(ValueError, match=r"no test or validation split to evaluate on \(it has \['train'\]"):
-        train(_small_run(tmp_path / "run", dataset=None, image_dir=str(tmp_path / "images")))
+        train(small_run(tmp_path / "run", dataset=None, image_dir=str(tmp_path / "images")))
     empty = str(tmp_path / "empty.tfrecord.gz")
     tf.io.TFRecordWriter(empty, options="GZIP").close()
     source = data.TFRecordSource("records", {"train": [empty], "test": [empty]}, ["a", "b"])
     with pytest.raises(ValueError, match="records train has no records to train on"):
-        train(_small_run(tmp_path / "run2"), source=source)
-
-
-def _train_command(output_dir, steps, extra=()):
-    return [sys.executable, "-m", "keras_vit.train", "--model=ViT-Ti/16",
-            "--model_overrides=" + json.dumps(TINY_OVERRIDES), "--image_size=28", f"--steps={steps}",
-            "--batch_size=16", "--checkpoint_every=2", "--precision=float32", "--warmup_steps=2",
-            f"--output_dir={output_dir}", *extra]
+        train(small_run(tmp_path / "run2"), source=source)
 
 
 def test_a_killed_run_resumes_from_its_last_checkpoint(fake_fmnist, tmp_path):
     env = {**os.environ, "PYTHONPATH": ROOT}
     out = tmp_path / "run"
     extra = [f"--data_dir={fake_fmnist}"]
-    proc = subprocess.Popen(_train_command(out, 60, extra), env=env, stdout=subprocess.PIPE,
+    proc = subprocess.Popen(train_command(out, 60, extra), env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
     meta = out / "backup" / "training_metadata.json"
     deadline = time.time() + 240
@@ -351,7 +337,7 @@ def test_a_killed_run_resumes_from_its_last_checkpoint(fake_fmnist, tmp_path):
     assert not (out / "metrics.json").exists()
     saved_chunk = json.loads(meta.read_text())["epoch"]
     assert 2 <= saved_chunk < 30
-    rerun = subprocess.run(_train_command(out, 60, extra), env=env, capture_output=True, text=True,
+    rerun = subprocess.run(train_command(out, 60, extra), env=env, capture_output=True, text=True,
                            timeout=600)
     assert rerun.returncode == 0, rerun.stderr[-3000:]
     resumed = f"Resuming from {out / 'backup'}: chunk {saved_chunk} of 30 (step {saved_chunk * 2} of 60)"
@@ -519,8 +505,8 @@ def test_fewshot_runs_after_the_first_chunk_of_each_fit_every_nth_and_the_last()
 
 
 def test_a_run_logs_fewshot_scores_and_refuses_shots_its_data_cannot_give(fake_fmnist, tmp_path):
-    cfg = _small_run(tmp_path / "run", data_dir=fake_fmnist, steps=4, checkpoint_every=1, fewshot_every=3,
-                     fewshot_shots=(1, 2), fewshot_test_examples=20)
+    cfg = small_run(tmp_path / "run", data_dir=fake_fmnist, steps=4, checkpoint_every=1, fewshot_every=3,
+                    fewshot_shots=(1, 2), fewshot_test_examples=20)
     summary = train(cfg)
     assert sorted(summary["fewshot"]) == [1, 2] and 0 <= summary["fewshot"][2]["mean"] <= 1
     with open(summary["paths"]["history"]) as f:

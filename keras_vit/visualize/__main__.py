@@ -109,4 +109,6 @@ def _run(vis, command, model, images, names, attention):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    from keras_vit.cli import run_app
+
+    run_app(main)

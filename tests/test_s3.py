@@ -1,0 +1,166 @@
+"""s3:// end to end against an S3 server on 127.0.0.1 (moto, in server mode).
+
+Everything that touches s3:// through TensorFlow runs in a child process, as users run
+the CLIs: TensorFlow I/O's S3 client aborts the interpreter that used it at exit,
+which the CLIs avoid (`keras_vit.cli.run_app`). The test process itself talks to the
+server with boto3 alone.
+"""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+
+import numpy as np
+import pytest
+from conftest import data_path
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def s3(tmp_path_factory):
+    """(environment for child processes, boto3 client) of a fresh S3 server."""
+    import boto3
+
+    port = _free_port()
+    log = open(tmp_path_factory.mktemp("moto") / "moto.log", "w")
+    server = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+                              stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    for _ in range(120):
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            break
+        except OSError:
+            time.sleep(0.5)
+    env = {**os.environ, "PYTHONPATH": ROOT, "TF_CPP_MIN_LOG_LEVEL": "2",
+           "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}", "AWS_ACCESS_KEY_ID": "testing",
+           "AWS_SECRET_ACCESS_KEY": "testing", "AWS_REGION": "us-east-1",
+           "AWS_EC2_METADATA_DISABLED": "true"}  # nothing probes a metadata address
+    client = boto3.client("s3", endpoint_url=env["AWS_ENDPOINT_URL"], region_name="us-east-1",
+                          aws_access_key_id="testing", aws_secret_access_key="testing")
+    yield env, client
+    os.killpg(server.pid, signal.SIGKILL)
+    server.wait()
+
+
+def _run(env, *args, timeout=600):
+    return subprocess.run([sys.executable, *args], env=env, cwd=ROOT, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def _keys(client, bucket, prefix=""):
+    pages = client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
+    return sorted(o["Key"] for page in pages for o in page.get("Contents", []))
+
+
+LOAD_AND_PREDICT = textwrap.dedent("""
+    import json, os, sys
+    import numpy as np
+    import tensorflow as tf
+    import tensorflow_io  # s3://
+    served = tf.saved_model.load(sys.argv[1]).signatures["predict_images"]
+    x = np.random.RandomState(0).uniform(-1, 1, (2, 32, 32, 3)).astype("float32")
+    print(json.dumps(served(images=tf.constant(x))["probabilities"].numpy().tolist()), flush=True)
+    os._exit(0)  # TensorFlow I/O's S3 client would abort a normal exit
+""")
+
+
+def test_a_checkpoint_in_a_bucket_is_exported_to_a_bucket_and_served_from_it(s3, tmp_path):
+    import keras_vit
+
+    env, client = s3
+    for bucket in ("checkpoints", "models"):
+        client.create_bucket(Bucket=bucket)
+    client.upload_file(data_path("vit_tiny_token_rep.npz"), "checkpoints", "vit_tiny_token_rep.npz")
+    names = [f"c{i}" for i in range(10)]
+    proc = _run(env, "-m", "keras_vit.export", "--model=s3://checkpoints/vit_tiny_token_rep.npz",
+                "--output_dir=s3://models/tiny", f"--class_names={','.join(names)}")
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert "Wrote SavedModel to s3://models/tiny/1 and s3://models/models.config" in proc.stdout
+    keys = _keys(client, "models")
+    assert "tiny/1/saved_model.pb" in keys and "models.config" in keys
+    assert not [k for k in keys if "staging" in k or ".partial" in k], keys
+    config = client.get_object(Bucket="models", Key="models.config")["Body"].read().decode()
+    assert 'base_path: "s3://models/tiny"' in config
+
+    script = tmp_path / "serve.py"
+    script.write_text(LOAD_AND_PREDICT)
+    from keras_vit.storage import s3_environment
+
+    # TensorFlow alone (as in TF Serving) reads TensorFlow I/O's own S3 variables.
+    plain = {**{k: v for k, v in env.items() if k != "PYTHONPATH"}, **s3_environment(env)}
+    fresh = _run(plain, str(script), "s3://models/tiny/1")
+    assert fresh.returncode == 0, fresh.stderr[-4000:]
+    x = np.random.RandomState(0).uniform(-1, 1, (2, 32, 32, 3)).astype("float32")
+    model = keras_vit.create_model(None, weights=data_path("vit_tiny_token_rep.npz"))
+    expected = np.exp(model.predict(x, verbose=0))
+    np.testing.assert_allclose(json.loads(fresh.stdout), expected / expected.sum(-1, keepdims=True),
+                               atol=1e-5)
+
+
+def test_training_in_a_bucket_killed_and_resumed(s3, fake_fmnist):
+    from conftest import train_command
+
+    env, client = s3
+    client.create_bucket(Bucket="runs")
+    out = "s3://runs/vit"
+    extra = [f"--data_dir={fake_fmnist}"]
+    proc = subprocess.Popen(train_command(out, 60, extra), env=env, cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    deadline = time.time() + 300
+    saved = 0
+    while time.time() < deadline and proc.poll() is None and saved < 2:
+        try:
+            body = client.get_object(Bucket="runs", Key="vit/backup/training_metadata.json")["Body"].read()
+            saved = json.loads(body or b"{}").get("epoch", 0)
+        except client.exceptions.NoSuchKey:
+            pass
+        time.sleep(0.2)
+    assert proc.poll() is None, "the run finished before it could be killed:\n" + proc.stdout.read()[-2000:]
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert "vit/metrics.json" not in _keys(client, "runs")
+    meta = client.get_object(Bucket="runs", Key="vit/backup/training_metadata.json")["Body"].read()
+    saved = json.loads(meta)
+    rerun = subprocess.run(train_command(out, 60, extra), env=env, cwd=ROOT, capture_output=True, text=True,
+                           timeout=600)
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    assert f"Resuming from {out}/backup: chunk {saved['epoch']} of 30" in rerun.stdout
+    keys = _keys(client, "runs", "vit/")
+    for key in ("vit/model.keras", "vit/metrics.json", "vit/history.csv"):
+        assert key in keys, keys
+    assert json.loads(client.get_object(Bucket="runs", Key="vit/metrics.json")["Body"].read())["steps"] == 60
+
+
+@pytest.mark.parametrize("case", ["missing bucket", "no credentials", "unreachable endpoint"])
+def test_a_bucket_that_cannot_be_used_is_named_before_any_work(s3, tmp_path, case):
+    env, _ = s3
+    target = "s3://no-such-bucket/tiny" if case == "missing bucket" else "s3://models/tiny"
+    if case == "no credentials":
+        env = {k: v for k, v in env.items() if k not in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")}
+        env.update(AWS_SHARED_CREDENTIALS_FILE=str(tmp_path / "none"), AWS_CONFIG_FILE=str(tmp_path / "none"))
+    if case == "unreachable endpoint":
+        env = {**env, "AWS_ENDPOINT_URL": f"http://127.0.0.1:{_free_port()}"}
+    started = time.time()
+    proc = _run(env, "-m", "keras_vit.export", f"--model={data_path('vit_tiny_token_rep.npz')}",
+                f"--output_dir={target}", timeout=120)
+    assert proc.returncode == 1, proc.stderr[-4000:]
+    assert "Traceback" not in proc.stderr, proc.stderr[-4000:]
+    last = proc.stderr.strip().splitlines()[-1]
+    endpoint = env["AWS_ENDPOINT_URL"]
+    expected = {"missing bucket": f"{target}: bucket no-such-bucket at {endpoint}: no such bucket",
+                "no credentials": f"{target}: no AWS credentials",
+                "unreachable endpoint": f"{target}: cannot reach the S3 endpoint at {endpoint}"}
+    assert last.startswith(expected[case]), last
+    assert time.time() - started < 90
