@@ -110,6 +110,17 @@ def _drop_predicate_warning(record) -> bool:
     return record.msg != _PREDICATE_WARNING
 
 
+_EMPTY_DIR_WARNINGS = ("execution_info.tmp_dir %s is not found", "stateful_working_dir %s is not found")
+
+
+def _drop_empty_dir_warnings_in_buckets(record) -> bool:
+    # TFX removes each execution's scratch directories and warns, with the whole
+    # execution proto, when one is not there. In a bucket a directory exists only while
+    # it holds a file, so an empty one never is: that is no news.
+    return not (isinstance(record.msg, str) and record.msg.startswith(_EMPTY_DIR_WARNINGS)
+                and record.args and "://" in str(record.args[0]))
+
+
 def uses_property_predicates(ir) -> bool:
     """Whether any input channel of a compiled pipeline (`pipeline_pb2.Pipeline`) filters by property."""
     return any(channel.artifact_query.HasField("property_predicate")
@@ -135,10 +146,12 @@ def _run_local(pipeline) -> None:
     quiet = not uses_property_predicates(compiler.Compiler().compile(pipeline))
     if quiet:
         logger.addFilter(_drop_predicate_warning)
+    logger.addFilter(_drop_empty_dir_warnings_in_buckets)
     try:
         tfx.orchestration.LocalDagRunner().run(pipeline)
     finally:
         logger.removeHandler(handler)
+        logger.removeFilter(_drop_empty_dir_warnings_in_buckets)
         if quiet:
             logger.removeFilter(_drop_predicate_warning)
 

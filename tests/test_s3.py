@@ -164,3 +164,62 @@ def test_a_bucket_that_cannot_be_used_is_named_before_any_work(s3, tmp_path, cas
                 "unreachable endpoint": f"{target}: cannot reach the S3 endpoint at {endpoint}"}
     assert last.startswith(expected[case]), last
     assert time.time() - started < 90
+
+
+SERVE_BYTES = textwrap.dedent("""
+    import json, os, sys
+    import tensorflow as tf
+    import tensorflow_io  # s3://
+    served = tf.saved_model.load(sys.argv[1]).signatures["serving_default"]
+    with open(sys.argv[2], "rb") as f:
+        out = served(image_bytes=tf.constant([f.read()]))
+    print(json.dumps({"sum": float(tf.reduce_sum(out["probabilities"])),
+                      "class": out["class_names"].numpy()[0].decode()}), flush=True)
+    os._exit(0)
+""")
+
+
+def test_the_pipeline_reads_trains_and_pushes_in_buckets(s3, tmp_path):
+    from planting import write_image_folder
+
+    from keras_vit import fashion_mnist
+
+    if not os.path.exists(os.path.join(fashion_mnist.DEFAULT_DIR, "t10k-images-idx3-ubyte.gz")):
+        pytest.skip("dataset-fashion-mnist not installed (make test installs it)")
+    env, client = s3
+    for bucket in ("data", "pipeline", "serving"):
+        client.create_bucket(Bucket=bucket)
+    images = tmp_path / "images"
+    write_image_folder(str(images), *fashion_mnist.load_arrays("train"), *fashion_mnist.load_arrays("test"),
+                       fashion_mnist.CLASS_NAMES, num_train=200, num_eval=30, num_test=60)
+    for path in images.rglob("*.png"):
+        client.upload_file(str(path), "data", f"images/{path.relative_to(images)}")
+    flags = ["-m", "pipeline.run", "--image_dir=s3://data/images", "--pipeline_root=s3://pipeline/root",
+             "--serving_dir=s3://serving/models", f"--metadata_path={tmp_path / 'metadata.sqlite'}",
+             "--model_name=fmnist", "--train_steps=10", "--batch_size=32", "--warmup_steps=2",
+             "--accuracy_threshold=0"]
+    runs = [_run(env, *flags, timeout=900) for _ in range(2)]
+    for proc in runs:
+        assert proc.returncode == 0, proc.stderr[-4000:]
+        assert "is not found" not in proc.stderr  # TFX's warnings of empty scratch directories
+    first, second = (json.loads(proc.stdout.strip().splitlines()[-1]) for proc in runs)
+    assert first["pushed"] and first["serving_model_path"] == "s3://serving/models/fmnist/1", first
+    assert set(first["executions"].values()) == {"COMPLETE"} and first["dedup"]["test"] > 0
+    assert not second["pushed"] and second["reason"] == "this model is already served as version 1"
+    keys = _keys(client, "serving")
+    assert "models/fmnist/1/saved_model.pb" in keys and "models/models.config" in keys
+    assert not [k for k in keys if "staging" in k], keys
+    assert _keys(client, "pipeline", "root/ImageExampleGen/")
+    assert not os.path.exists(os.path.join(ROOT, "s3:"))
+
+    from keras_vit.storage import s3_environment
+
+    script = tmp_path / "serve.py"
+    script.write_text(SERVE_BYTES)
+    photo = next(images.rglob("test/*/*.png"))
+    plain = {**{k: v for k, v in env.items() if k != "PYTHONPATH"}, **s3_environment(env)}
+    fresh = _run(plain, str(script), "s3://serving/models/fmnist/1", str(photo))
+    assert fresh.returncode == 0, fresh.stderr[-4000:]
+    served = json.loads(fresh.stdout)
+    folder_names = [n.replace("/", "-") for n in fashion_mnist.CLASS_NAMES]
+    assert abs(served["sum"] - 1) < 1e-4 and served["class"] in folder_names
