@@ -333,11 +333,32 @@ def test_anomalies_stop_the_run_before_training(fmnist, tmp_path):
     assert not os.path.exists(tmp_path / "serving")
 
 
+def test_the_pipeline_image_is_tfxs_own_with_the_locked_environment():
+    """Docker cannot build here: the Dockerfile is checked against the lock and what the
+    compiled spec names (the Trainer's module, found on PYTHONPATH)."""
+    import re
+
+    lines = [line.split("#")[0].strip() for line in open(os.path.join(ROOT, "Dockerfile"))]
+    steps = [line for line in lines if line]
+    lock = open(os.path.join(ROOT, "requirements", "lock.txt")).read()
+    (tfx_version,) = re.findall(r"^tfx==(\S+)$", lock, re.M)
+    assert steps[0] == f"FROM gcr.io/tfx-oss-public/tfx:{tfx_version}"
+    assert "RUN pip install --no-cache-dir -r requirements/lock.txt" in steps
+    copied = [line.split()[1] for line in steps if line.startswith("COPY")]
+    assert copied == ["requirements/lock.txt", "keras_vit", "pipeline"]
+    workdir = next(line.split()[1] for line in steps if line.startswith("WORKDIR"))
+    assert f"ENV PYTHONPATH={workdir}" in steps
+    assert os.path.exists(os.path.join(ROOT, "pipeline", "trainer_module.py"))
+    kept = [line[1:] for line in open(os.path.join(ROOT, ".dockerignore")).read().split() if line[0] == "!"]
+    assert sorted(kept) == sorted(copied)  # the build context holds what is copied, nothing else
+
+
 def test_kubeflow_v2_spec_compiles(tmp_path):
     out = tmp_path / "spec.json"
     _, proc = run_pipeline("--orchestrator=kubeflow_v2", f"--kubeflow_output={out}",
                            "--dataset=fashion_mnist_local/mini", "--pipeline_root=gs://bucket/root",
-                           "--serving_dir=gs://bucket/serving", check=False)
+                           "--serving_dir=gs://bucket/serving", "--kubeflow_image=registry/keras-vit:7",
+                           "--beam_pipeline_args=--runner=DataflowRunner,--project=p,--region=r", check=False)
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert f"Wrote the Kubeflow V2 pipeline spec to {out}" in proc.stdout
     spec = json.loads(out.read_text())
@@ -347,7 +368,18 @@ def test_kubeflow_v2_spec_compiles(tmp_path):
     assert any(t.startswith("latest_blessed_model_resolver") for t in tasks)
     assert "ValidationGate" in tasks["Dedup"]["dependentTasks"]
     executors = spec["pipelineSpec"]["deploymentSpec"]["executors"]
-    assert {e["container"]["image"] for e in executors.values() if "container" in e} == {"keras-vit:latest"}
+    containers = {name: e["container"] for name, e in executors.items() if "container" in e}
+    assert {c["image"] for c in containers.values()} == {"registry/keras-vit:7"}
+    for component in ("ImageExampleGen", "StatisticsGen", "Dedup", "Evaluator"):  # Beam's
+        args = containers[f"{component}_executor"]["args"]
+        assert args[-3:] == ["--runner=DataflowRunner", "--project=p", "--region=r"], (component, args)
+    assert spec["runtimeConfig"]["gcsOutputDirectory"] == "gs://bucket/root"
+
+    def parameter(task, name):
+        return tasks[task]["inputs"]["parameters"][name]["runtimeValue"]["constantValue"]["stringValue"]
+
+    assert parameter("Trainer", "run_fn") == "pipeline.trainer_module.run_fn"  # found in the image
+    assert parameter("ServingPusher", "serving_dir") == "gs://bucket/serving"
     assert not os.path.exists(os.path.join(ROOT, "gs:"))  # compiling writes nothing to the pipeline root
 
 
