@@ -94,7 +94,7 @@ class TFRecordSource:
     def _paths(self, split: str) -> List[str]:
         if split not in self.files:
             raise ValueError(f"{self.name} has no split {split!r} (it has {sorted(self.files)})")
-        paths = sorted(p for pattern in self.files[split] for p in tf.io.gfile.glob(pattern))
+        paths = sorted(p for pattern in self.files[split] for p in storage.glob(pattern))
         if not paths:
             raise FileNotFoundError(f"{self.name} {split}: no files match {list(self.files[split])}")
         return paths

@@ -193,6 +193,12 @@ def listdir(path: str) -> list:
     return sorted(name.rstrip("/") for name in tf.io.gfile.listdir(_as_directory(path)))
 
 
+def glob(pattern: str) -> list:
+    """The paths matching `pattern`, sorted."""
+    _load_filesystem(pattern)
+    return sorted(tf.io.gfile.glob(pattern))
+
+
 def read_text(path: str) -> str:
     _load_filesystem(path)
     with tf.io.gfile.GFile(path, "r") as f:

@@ -21,6 +21,7 @@ from typing import Dict, Iterator, List, Optional, Sequence
 import apache_beam as beam
 import tensorflow as tf
 
+from keras_vit import storage
 from pipeline import dedup
 
 IMAGE, LABEL, LABEL_NAME, SOURCE_ID, HASH = "image", "label", "label_name", "source_id", "hash"
@@ -169,8 +170,6 @@ def image_folder_layout(root: str):
 
 
 def _read_image_file(entry, root: str, class_index: Dict[str, int]) -> tf.train.Example:
-    from keras_vit import storage
-
     path, label_name = entry
     return make_example(storage.read_bytes(path), class_index[label_name], label_name,
                         storage.relpath(path, root))
@@ -249,7 +248,7 @@ def read_source(p: beam.Pipeline, spec: SourceSpec, parallelism: int = 8) -> Ing
             out_split = "eval" if split in _EVAL_NAMES else split
             if out_split not in SPLITS:
                 raise ValueError(f"tfrecords split {split!r} is not one of train, eval (validation), test")
-            if not tf.io.gfile.glob(pattern):
+            if not storage.glob(pattern):
                 raise FileNotFoundError(f"tfrecords {split}: no files match {pattern}")
             sources[out_split] = (
                 p | f"ReadTFRecords[{out_split}]" >> beam.io.ReadFromTFRecord(

@@ -74,7 +74,7 @@ def input_fingerprint(spec: ingest.SourceSpec) -> str:
             digest.update(f"{rel}:{st.length}:{st.mtime_nsec}\n".encode())
     elif spec.tfrecords:
         for split, pattern in sorted(spec.tfrecords.items()):
-            for path in sorted(tf.io.gfile.glob(pattern)):
+            for path in storage.glob(pattern):
                 st = tf.io.gfile.stat(path)
                 digest.update(f"{split}:{path}:{st.length}:{st.mtime_nsec}\n".encode())
     else:
@@ -342,6 +342,15 @@ def build_from_flags(FLAGS):
     return pipeline, spec, (metadata, where)
 
 
+def user_paths(FLAGS) -> List[str]:
+    """The storage locations the flags name: roots, data folders, and the folders of
+    the TFRecord patterns."""
+    paths = [getattr(FLAGS, f) for f in ("pipeline_root", "serving_dir", "image_dir", "data_dir")]
+    for item in FLAGS.tfrecords or ():
+        paths.append(storage.parent(item.split("=", 1)[-1]))
+    return [p for p in paths if p]
+
+
 def metadata_connection(FLAGS):
     """(ML Metadata ConnectionConfig, where it is, in words) from the flags: SQLite on
     local disk, or MySQL (`--metadata_mysql`, password from MYSQL_PWD)."""
@@ -389,11 +398,10 @@ def main(argv):
     FLAGS = flags.FLAGS
     _quiet_absl()
     try:
+        if FLAGS.orchestrator == "local":  # before anything reads them (the source's fingerprint)
+            for path in user_paths(FLAGS):
+                storage.check(path)
         pipeline, spec, (metadata, where) = build_from_flags(FLAGS)
-        if FLAGS.orchestrator == "local":
-            for flag in ("pipeline_root", "serving_dir", "image_dir", "data_dir"):
-                if getattr(FLAGS, flag):
-                    storage.check(getattr(FLAGS, flag))
     except (ConfigError, storage.StorageError) as e:
         exit_for_bad_config(str(e))
     if FLAGS.orchestrator == "kubeflow_v2":

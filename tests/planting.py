@@ -66,3 +66,13 @@ def write_image_folder(root, train_x, train_y, test_x, test_y, class_names, *, n
         path = save("train", train_y[i], f"dup_{kind}_va{i}.{ext}", plant(train_x[i], kind))
         planted[path] = (kind, "eval", ref)
     return planted
+
+
+def example_record(image, label):
+    """A serialized tf.Example with `label` and, unless None, `image` (encoded bytes)."""
+    import tensorflow as tf
+
+    feature = {"label": tf.train.Feature(int64_list=tf.train.Int64List(value=[label]))}
+    if image is not None:
+        feature["image"] = tf.train.Feature(bytes_list=tf.train.BytesList(value=[image]))
+    return tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString()

@@ -18,7 +18,7 @@ import tensorflow as tf
 
 from keras_vit import fashion_mnist
 from keras_vit.training import ConfigError
-from planting import png, write_image_folder
+from planting import example_record, png, write_image_folder
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 COMPONENTS = ("ImageExampleGen", "StatisticsGen", "SchemaGen", "CurateSchema", "ExampleValidator",
@@ -132,7 +132,7 @@ def test_planted_copies_were_removed(runs):
     ids = set()
     spec = {"source_id": tf.io.FixedLenFeature([], tf.string)}
     for r in tf.data.TFRecordDataset(tf.io.gfile.glob(str(deduped / "Split-train" / "*")), "GZIP"):
-        ids.add(tf.io.parse_single_example(r, spec)["source_id"].numpy().decode())
+        ids.add(tf.io.parse_singleexample_record(r, spec)["source_id"].numpy().decode())
     assert not ids & set(planted)
     assert len(ids) == 300 + len(planted) - len(removed)
 
@@ -305,17 +305,10 @@ def test_the_definition_checks_the_trainer_config_and_local_weights_only():
     create({"weights": "/nonexistent/ViT-B_16.npz"}, metadata_config=None)
 
 
-def _example(image, label):
-    feature = {"label": tf.train.Feature(int64_list=tf.train.Int64List(value=[label]))}
-    if image is not None:
-        feature["image"] = tf.train.Feature(bytes_list=tf.train.BytesList(value=[image]))
-    return tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString()
-
-
 def test_anomalies_stop_the_run_before_training(fmnist, tmp_path):
     (train_x, train_y), _ = fmnist
-    records = [_example(png(train_x[i]), int(train_y[i]) % 2) for i in range(60)]
-    bad = records[:30] + [_example(png(train_x[70]), 7), _example(None, 1)] + records[30:]
+    records = [example_record(png(train_x[i]), int(train_y[i]) % 2) for i in range(60)]
+    bad = records[:30] + [example_record(png(train_x[70]), 7), example_record(None, 1)] + records[30:]
     for name, rows in (("train", bad), ("eval", records[:20])):
         with tf.io.TFRecordWriter(str(tmp_path / f"{name}.tfrecord")) as w:
             for r in rows:

@@ -223,3 +223,28 @@ def test_the_pipeline_reads_trains_and_pushes_in_buckets(s3, tmp_path):
     served = json.loads(fresh.stdout)
     folder_names = [n.replace("/", "-") for n in fashion_mnist.CLASS_NAMES]
     assert abs(served["sum"] - 1) < 1e-4 and served["class"] in folder_names
+
+
+def test_tfrecords_in_a_bucket_are_read_and_validated_before_training(s3, tmp_path):
+    import tensorflow as tf
+    from planting import example_record, png
+
+    env, client = s3
+    client.create_bucket(Bucket="records")
+    rng = np.random.RandomState(0)
+    records = [example_record(png(rng.randint(0, 256, (28, 28), dtype=np.uint8)), i % 2) for i in range(40)]
+    bad = records[:20] + [example_record(None, 1)] + records[20:]
+    for name, rows in (("train", bad), ("eval", records[:10])):
+        with tf.io.TFRecordWriter(str(tmp_path / f"{name}.tfrecord")) as w:
+            for r in rows:
+                w.write(r)
+        client.upload_file(str(tmp_path / f"{name}.tfrecord"), "records", f"data/{name}-00000.tfrecord")
+    tfrecords = "train=s3://records/data/train-*,eval=s3://records/data/eval-*"
+    proc = _run(env, "-m", "pipeline.run", f"--tfrecords={tfrecords}",
+                "--class_names=even,odd", "--pipeline_root=s3://records/root",
+                f"--metadata_path={tmp_path / 'metadata.sqlite'}", f"--serving_dir={tmp_path / 'serving'}",
+                "--train_steps=2", timeout=600)
+    assert proc.returncode == 1, proc.stderr[-4000:]
+    assert "data validation found anomalies; the run stops before training" in proc.stderr
+    assert "train: feature 'image'" in proc.stderr  # the record without one was read from the bucket
+    assert _keys(client, "records", "root/ImageExampleGen/")

@@ -35,14 +35,12 @@ def _dataset_images(spec: str, limit: int) -> List[Tuple[str, bytes]]:
 
 
 def _files(spec: str) -> List[str]:
-    import tensorflow as tf
-
     from keras_vit import storage
 
     if storage.isdir(spec):
         found = [p for p, _ in storage.files_under(spec) if p.lower().endswith(_EXTENSIONS)]
     else:
-        found = sorted(tf.io.gfile.glob(spec))
+        found = storage.glob(spec)
     if not found:
         raise FileNotFoundError(f"no images match {spec!r}")
     return found
