@@ -155,3 +155,41 @@ def make_image_folder(root, corrupt=False):
     if corrupt:
         (root / "train" / "dog" / "broken.jpg").write_bytes(b"this is not a jpeg")
     return str(root)
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_server(args, port: int, log_path, env=None):
+    """Starts `python args...` in its own session, logging to `log_path`; returns the
+    process once something listens on `port` (at most a minute)."""
+    import socket
+    import subprocess
+    import time
+
+    log = open(log_path, "w")
+    proc = subprocess.Popen([sys.executable, *args], env=env, stdout=log, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+    deadline = time.time() + 60
+    while time.time() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return proc
+        except OSError:
+            time.sleep(0.5)
+    stop_server(proc)
+    raise RuntimeError(f"{args} did not listen on port {port} within a minute; see {log_path}")
+
+
+def stop_server(proc) -> None:
+    """Kills a `start_server` process and what it started."""
+    import signal
+
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()

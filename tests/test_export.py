@@ -5,7 +5,6 @@ import io
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import textwrap
@@ -16,7 +15,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 import bf16_bounds
-from conftest import data_path
+from conftest import data_path, free_port
 from PIL import Image
 
 import keras_vit
@@ -328,12 +327,6 @@ def test_bad_input_is_named_and_wrong_types_are_rejected(exported):
         sig["predict_images"](images=tf.zeros([1, 16, 16, 3]))
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.skipif(shutil.which("tensorflow_model_server") is None,
                     reason="tensorflow_model_server is not on PATH (no TF Serving binary on this machine)")
 def test_live_tf_serving_rest_and_grpc(exported):
@@ -341,7 +334,7 @@ def test_live_tf_serving_rest_and_grpc(exported):
     from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
 
     model, root, _ = exported
-    grpc_port, rest_port = _free_port(), _free_port()
+    grpc_port, rest_port = free_port(), free_port()
     server = subprocess.Popen(["tensorflow_model_server", f"--port={grpc_port}",
                                f"--rest_api_port={rest_port}", "--rest_api_num_threads=2",
                                f"--model_config_file={root / 'models.config'}"],

@@ -18,6 +18,7 @@ import tensorflow as tf
 
 from keras_vit import fashion_mnist
 from keras_vit.training import ConfigError
+from conftest import free_port, start_server, stop_server
 from planting import example_record, png, write_image_folder
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -376,48 +377,25 @@ def test_kubeflow_v2_spec_compiles(tmp_path):
     assert not os.path.exists(os.path.join(ROOT, "gs:"))  # compiling writes nothing to the pipeline root
 
 
-def _free_port():
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture
 def beam_services(tmp_path):
     """Starts a Beam job service and an EXTERNAL worker pool, each its own process on
     127.0.0.1, as on a cluster; `start(path)` gives the pool's workers that PATH."""
-    import signal
-    import socket
-    import time
-
     procs = []
 
     def start(path):
         env = dict(os.environ, PYTHONPATH=ROOT, PATH=path, TF_CPP_MIN_LOG_LEVEL="2")
-        ports = _free_port(), _free_port()
-        services = (
-            ("jobs", ["apache_beam.runners.portability.local_job_service_main", f"--port={ports[0]}"]),
-            ("pool", ["apache_beam.runners.worker.worker_pool_main", f"--service_port={ports[1]}"]))
-        for name, args in services:
-            log = open(tmp_path / f"{name}.log", "w")
-            procs.append(subprocess.Popen([sys.executable, "-m", *args], env=env, stdout=log,
-                                          stderr=subprocess.STDOUT, start_new_session=True))
-        for port in ports:  # both listen within seconds
-            for _ in range(120):
-                try:
-                    socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                    break
-                except OSError:
-                    time.sleep(0.5)
-        return [f"--beam_pipeline_args=--runner=PortableRunner,--job_endpoint=localhost:{ports[0]},"
-                f"--environment_type=EXTERNAL,--environment_config=localhost:{ports[1]}"]
+        jobs, pool = free_port(), free_port()
+        procs.append(start_server(["-m", "apache_beam.runners.portability.local_job_service_main",
+                                   f"--port={jobs}"], jobs, tmp_path / "jobs.log", env))
+        procs.append(start_server(["-m", "apache_beam.runners.worker.worker_pool_main",
+                                   f"--service_port={pool}"], pool, tmp_path / "pool.log", env))
+        return [f"--beam_pipeline_args=--runner=PortableRunner,--job_endpoint=localhost:{jobs},"
+                f"--environment_type=EXTERNAL,--environment_config=localhost:{pool}"]
 
     yield start
     for proc in procs:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
+        stop_server(proc)
 
 
 def test_the_beam_components_run_on_a_job_service_and_an_external_worker_pool(beam_services, tmp_path):

@@ -9,7 +9,6 @@ server with boto3 alone.
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import textwrap
@@ -17,15 +16,9 @@ import time
 
 import numpy as np
 import pytest
-from conftest import data_path
+from conftest import data_path, free_port, start_server, stop_server
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -33,16 +26,9 @@ def s3(tmp_path_factory):
     """(environment for child processes, boto3 client) of a fresh S3 server."""
     import boto3
 
-    port = _free_port()
-    log = open(tmp_path_factory.mktemp("moto") / "moto.log", "w")
-    server = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-                              stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    for _ in range(120):
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            break
-        except OSError:
-            time.sleep(0.5)
+    port = free_port()
+    server = start_server(["-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)], port,
+                          tmp_path_factory.mktemp("moto") / "moto.log")
     env = {**os.environ, "PYTHONPATH": ROOT, "TF_CPP_MIN_LOG_LEVEL": "2",
            "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}", "AWS_ACCESS_KEY_ID": "testing",
            "AWS_SECRET_ACCESS_KEY": "testing", "AWS_REGION": "us-east-1",
@@ -50,8 +36,7 @@ def s3(tmp_path_factory):
     client = boto3.client("s3", endpoint_url=env["AWS_ENDPOINT_URL"], region_name="us-east-1",
                           aws_access_key_id="testing", aws_secret_access_key="testing")
     yield env, client
-    os.killpg(server.pid, signal.SIGKILL)
-    server.wait()
+    stop_server(server)
 
 
 def _run(env, *args, timeout=600):
@@ -151,7 +136,7 @@ def test_a_bucket_that_cannot_be_used_is_named_before_any_work(s3, tmp_path, cas
         env = {k: v for k, v in env.items() if k not in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")}
         env.update(AWS_SHARED_CREDENTIALS_FILE=str(tmp_path / "none"), AWS_CONFIG_FILE=str(tmp_path / "none"))
     if case == "unreachable endpoint":
-        env = {**env, "AWS_ENDPOINT_URL": f"http://127.0.0.1:{_free_port()}"}
+        env = {**env, "AWS_ENDPOINT_URL": f"http://127.0.0.1:{free_port()}"}
     started = time.time()
     proc = _run(env, "-m", "keras_vit.export", f"--model={data_path('vit_tiny_token_rep.npz')}",
                 f"--output_dir={target}", timeout=120)
