@@ -133,7 +133,7 @@ def test_planted_copies_were_removed(runs):
     ids = set()
     spec = {"source_id": tf.io.FixedLenFeature([], tf.string)}
     for r in tf.data.TFRecordDataset(tf.io.gfile.glob(str(deduped / "Split-train" / "*")), "GZIP"):
-        ids.add(tf.io.parse_singleexample_record(r, spec)["source_id"].numpy().decode())
+        ids.add(tf.io.parse_single_example(r, spec)["source_id"].numpy().decode())
     assert not ids & set(planted)
     assert len(ids) == 300 + len(planted) - len(removed)
 
