@@ -248,19 +248,21 @@ def files_under(root: str) -> list:
     for dirpath, _, filenames in tf.io.gfile.walk(_as_directory(root)):
         rel_dir = dirpath.rstrip("/")[len(root):].lstrip("/").replace(os.sep, "/")
         out += [(join(dirpath, name), f"{rel_dir}/{name}" if rel_dir else name) for name in filenames]
-    # A listing by prefix can name what is not there (TF's ram:// lists the files of
-    # `assets.extra/` under `assets/` as `.extra/...`): keep what exists.
-    return sorted((item for item in out if tf.io.gfile.exists(item[0])), key=lambda item: item[1])
+    if root.startswith("ram://"):
+        # TF's ram:// lists by prefix, naming what is not there (the files of
+        # `assets.extra/` under `assets/` as `.extra/...`): keep what exists. Elsewhere
+        # that would cost a request per file for nothing.
+        out = [item for item in out if tf.io.gfile.exists(item[0])]
+    return sorted(out, key=lambda item: item[1])
 
 
 def copy_tree(src: str, dst: str, last=()) -> None:
     """Copies the files under `src` to `dst`; files named in `last` after all others."""
-    _load_filesystem(src)
     _load_filesystem(dst)
     files = files_under(src)
     for source, rel in sorted(files, key=lambda item: posixpath.basename(item[1]) in last):
         target = join(dst, *rel.split("/"))
-        tf.io.gfile.makedirs(parent(target))
+        makedirs(parent(target))
         tf.io.gfile.copy(source, target, overwrite=True)
 
 
@@ -289,7 +291,7 @@ def publish(final: str, write) -> str:
             copied = True
             copy_tree(staging, final, last=(SAVED_MODEL_GRAPH,))
         else:
-            os.rename(staging, final)
+            tf.io.gfile.rename(staging, final)  # one rename(2) on local disk: atomic
     except BaseException:
         if copied:
             _remove_quietly(final)

@@ -418,7 +418,7 @@ def main(argv):
             sys.exit(f"Stopped before any component: {e}")
     storage.makedirs(FLAGS.pipeline_root)
     if metadata.HasField("sqlite"):
-        os.makedirs(os.path.dirname(metadata.sqlite.filename_uri), exist_ok=True)
+        storage.makedirs(os.path.dirname(metadata.sqlite.filename_uri))
     print(f"Running pipeline {FLAGS.pipeline_name} on {spec.describe()}; artifacts in "
           f"{storage.absolute(FLAGS.pipeline_root)}, metadata in {where}", file=sys.stderr, flush=True)
     start = time.time()
