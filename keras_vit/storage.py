@@ -47,14 +47,22 @@ def _load_filesystem(path) -> None:
     # s3:// is TensorFlow I/O's plugin: loaded, configured from the AWS variables, the
     # first time this process meets such a path. Keras and TFX, which call tf.io.gfile
     # themselves, then find it too.
-    if _s3["loaded"] or not str(path).startswith("s3://"):
-        return
-    os.environ.update(s3_environment(os.environ))
-    try:
-        import tensorflow_io  # noqa: F401  (registers s3://)
-    except ImportError:
-        return  # `check` says what to install
-    _s3["loaded"] = True
+    if not _s3["loaded"] and str(path).startswith("s3://"):
+        load_s3()
+
+
+def load_s3() -> bool:
+    """Gives this process's tf.io.gfile s3:// (TensorFlow I/O), configured from the AWS
+    variables (`s3_environment`), for code that reads s3:// paths through TensorFlow
+    without this module (TFMA on a Beam worker). False if TensorFlow I/O is missing."""
+    if not _s3["loaded"]:
+        os.environ.update(s3_environment(os.environ))
+        try:
+            import tensorflow_io  # noqa: F401  (registers s3://)
+        except ImportError:
+            return False  # `check` says what to install
+        _s3["loaded"] = True
+    return True
 
 
 def _as_directory(path) -> str:

@@ -40,7 +40,8 @@ COMPONENT_ORDER = ("ImageExampleGen", "StatisticsGen", "SchemaGen", "CurateSchem
                    "ServingPusher")
 
 
-def beam_args(direct_workers: int, extra: Optional[List[str]] = None, env=None) -> List[str]:
+def beam_args(direct_workers: int, extra: Optional[List[str]] = None, env=None,
+              s3: bool = False) -> List[str]:
     """Beam flags: the FnApiRunner with `direct_workers` processes (1: in memory), then
     `extra`, whose `--runner` wins. The runner is named: Beam's DirectRunner would first
     try to download and start its Prism runner, so that machines with and without
@@ -48,7 +49,9 @@ def beam_args(direct_workers: int, extra: Optional[List[str]] = None, env=None) 
 
     Where `env` (default os.environ) sets the S3 endpoint or region (`AWS_ENDPOINT_URL`,
     `AWS_REGION`), Beam's S3 filesystem is given them too; its credentials come from
-    the AWS variables, never the command line, which TFX records."""
+    the AWS variables, never the command line, which TFX records. With `s3` (the
+    pipeline's data is on s3://) each worker first imports `pipeline.beam_worker`, which
+    gives the TensorFlow code there s3:// too."""
     if direct_workers < 1:
         raise ValueError(f"beam_direct_workers must be >= 1, got {direct_workers}")
     env = os.environ if env is None else env
@@ -56,9 +59,10 @@ def beam_args(direct_workers: int, extra: Optional[List[str]] = None, env=None) 
             if direct_workers > 1 else ["--direct_running_mode=in_memory", "--direct_num_workers=1"])
     endpoint = env.get("AWS_ENDPOINT_URL_S3") or env.get("AWS_ENDPOINT_URL")
     region = env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION")
-    s3 = [f"--s3_endpoint_url={endpoint}"] if endpoint else []
-    s3 += [f"--s3_region_name={region}"] if region else []
-    return ["--runner=FnApiRunner"] + args + s3 + list(extra or [])
+    args += [f"--s3_endpoint_url={endpoint}"] if endpoint else []
+    args += [f"--s3_region_name={region}"] if region else []
+    args += ["--beam_plugin=pipeline.beam_worker"] if s3 else []
+    return ["--runner=FnApiRunner"] + args + list(extra or [])
 
 
 def input_fingerprint(spec: ingest.SourceSpec) -> str:
@@ -337,7 +341,7 @@ def build_from_flags(FLAGS):
         serving_dir=storage.absolute(FLAGS.serving_dir) if local else FLAGS.serving_dir,
         model_name=FLAGS.model_name, dedup_threshold=FLAGS.dedup_threshold,
         accuracy_threshold=FLAGS.accuracy_threshold, metadata_config=metadata,
-        beam_pipeline_args=beam_args(FLAGS.beam_direct_workers, FLAGS.beam_pipeline_args),
+        beam_pipeline_args=beam_args_from_flags(FLAGS),
         enable_cache=FLAGS.enable_cache, serving_precision=FLAGS.serving_precision)
     return pipeline, spec, (metadata, where)
 
@@ -349,6 +353,11 @@ def user_paths(FLAGS) -> List[str]:
     for item in FLAGS.tfrecords or ():
         paths.append(storage.parent(item.split("=", 1)[-1]))
     return [p for p in paths if p]
+
+
+def beam_args_from_flags(FLAGS) -> List[str]:
+    s3 = any(path.startswith("s3://") for path in user_paths(FLAGS))
+    return beam_args(FLAGS.beam_direct_workers, FLAGS.beam_pipeline_args, s3=s3)
 
 
 def metadata_connection(FLAGS):
@@ -408,7 +417,7 @@ def main(argv):
         out = compile_kubeflow_v2(pipeline, FLAGS.kubeflow_output, FLAGS.kubeflow_image)
         print(f"Wrote the Kubeflow V2 pipeline spec to {out}")
         return
-    args = beam_args(FLAGS.beam_direct_workers, FLAGS.beam_pipeline_args)
+    args = beam_args_from_flags(FLAGS)
     if beam_check.needs_check(args):
         print(f"Checking that the Beam workers start (at most {FLAGS.beam_worker_timeout:g} s) ...",
               file=sys.stderr, flush=True)

@@ -193,3 +193,28 @@ def stop_server(proc) -> None:
 
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
+
+
+@pytest.fixture
+def beam_services(tmp_path):
+    """Starts a Beam job service and an EXTERNAL worker pool, each its own process on
+    127.0.0.1, as on a cluster; `start(path, env)` gives the pool's workers that PATH and
+    environment (default this one's) and returns the pipeline's `--beam_pipeline_args`."""
+    procs = []
+
+    def start(path, env=None):
+        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        env = dict(env or os.environ, PYTHONPATH=root, PATH=path, TF_CPP_MIN_LOG_LEVEL="2")
+        jobs, pool = free_port(), free_port()
+        procs.append(start_server(["-m", "apache_beam.runners.portability.local_job_service_main",
+                                   f"--port={jobs}"], jobs, tmp_path / "jobs.log", env))
+        boot = os.path.join(root, "tests", "beam_boot.py")  # what the SDK container runs per worker
+        procs.append(start_server(["-m", "apache_beam.runners.worker.worker_pool_main",
+                                   f"--service_port={pool}", f"--container_executable={boot}"],
+                                  pool, tmp_path / "pool.log", env))
+        return [f"--beam_pipeline_args=--runner=PortableRunner,--job_endpoint=localhost:{jobs},"
+                f"--environment_type=EXTERNAL,--environment_config=localhost:{pool}"]
+
+    yield start
+    for proc in procs:
+        stop_server(proc)

@@ -133,6 +133,13 @@ def test_beam_runs_on_the_named_local_runner_unless_told_otherwise():
     s3 = PipelineOptions(run.beam_args(1, env=env)).view_as(S3Options)
     assert (s3.s3_endpoint_url, s3.s3_region_name, s3.s3_secret_access_key) == (
         "http://127.0.0.1:9000", "eu-west-1", None)  # secrets stay in the environment
+    from apache_beam.options.pipeline_options import SetupOptions
+
+    def plugins(args):
+        return PipelineOptions(args).view_as(SetupOptions).beam_plugins or []
+
+    assert "pipeline.beam_worker" in plugins(run.beam_args(1, s3=True))
+    assert "pipeline.beam_worker" not in plugins(run.beam_args(1))
     with pytest.raises(ValueError, match=">= 1"):
         run.beam_args(0)
 

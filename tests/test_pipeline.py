@@ -18,7 +18,6 @@ import tensorflow as tf
 
 from keras_vit import fashion_mnist
 from keras_vit.training import ConfigError
-from conftest import free_port, start_server, stop_server
 from planting import example_record, png, write_image_folder
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -375,40 +374,6 @@ def test_kubeflow_v2_spec_compiles(tmp_path):
     assert parameter("Trainer", "run_fn") == "pipeline.trainer_module.run_fn"  # found in the image
     assert parameter("ServingPusher", "serving_dir") == "gs://bucket/serving"
     assert not os.path.exists(os.path.join(ROOT, "gs:"))  # compiling writes nothing to the pipeline root
-
-
-@pytest.fixture
-def beam_services(tmp_path):
-    """Starts a Beam job service and an EXTERNAL worker pool, each its own process on
-    127.0.0.1, as on a cluster; `start(path)` gives the pool's workers that PATH."""
-    procs = []
-
-    def start(path):
-        env = dict(os.environ, PYTHONPATH=ROOT, PATH=path, TF_CPP_MIN_LOG_LEVEL="2")
-        jobs, pool = free_port(), free_port()
-        procs.append(start_server(["-m", "apache_beam.runners.portability.local_job_service_main",
-                                   f"--port={jobs}"], jobs, tmp_path / "jobs.log", env))
-        procs.append(start_server(["-m", "apache_beam.runners.worker.worker_pool_main",
-                                   f"--service_port={pool}"], pool, tmp_path / "pool.log", env))
-        return [f"--beam_pipeline_args=--runner=PortableRunner,--job_endpoint=localhost:{jobs},"
-                f"--environment_type=EXTERNAL,--environment_config=localhost:{pool}"]
-
-    yield start
-    for proc in procs:
-        stop_server(proc)
-
-
-def test_the_beam_components_run_on_a_job_service_and_an_external_worker_pool(beam_services, tmp_path):
-    venv_path = os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"]
-    summary, proc = run_pipeline(
-        "--dataset=fashion_mnist_local/mini", f"--pipeline_root={tmp_path / 'root'}",
-        f"--serving_dir={tmp_path / 'serving'}", "--train_steps=5", "--batch_size=32", "--warmup_steps=1",
-        "--accuracy_threshold=0", *beam_services(venv_path))
-    assert summary["pushed"] and set(summary["executions"].values()) == {"COMPLETE"}, summary
-    jobs = (tmp_path / "jobs.log").read_text()
-    # The worker check, ImageExampleGen, StatisticsGen, Dedup and the Evaluator.
-    assert jobs.count("with state DONE") >= 5, jobs[-3000:]
-    assert "Starting worker" in (tmp_path / "pool.log").read_text()
 
 
 def test_beam_workers_that_cannot_start_stop_the_run_in_bounded_time(beam_services, tmp_path):

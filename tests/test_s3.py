@@ -164,21 +164,29 @@ SERVE_BYTES = textwrap.dedent("""
 """)
 
 
-def test_the_pipeline_reads_trains_and_pushes_in_buckets(s3, tmp_path):
+def _upload_image_folder(client, tmp_path, bucket, prefix, **sizes):
     from planting import write_image_folder
 
     from keras_vit import fashion_mnist
 
     if not os.path.exists(os.path.join(fashion_mnist.DEFAULT_DIR, "t10k-images-idx3-ubyte.gz")):
         pytest.skip("dataset-fashion-mnist not installed (make test installs it)")
-    env, client = s3
-    for bucket in ("data", "pipeline", "serving"):
-        client.create_bucket(Bucket=bucket)
+    client.create_bucket(Bucket=bucket)
     images = tmp_path / "images"
     write_image_folder(str(images), *fashion_mnist.load_arrays("train"), *fashion_mnist.load_arrays("test"),
-                       fashion_mnist.CLASS_NAMES, num_train=200, num_eval=30, num_test=60)
+                       fashion_mnist.CLASS_NAMES, **sizes)
     for path in images.rglob("*.png"):
-        client.upload_file(str(path), "data", f"images/{path.relative_to(images)}")
+        client.upload_file(str(path), bucket, f"{prefix}/{path.relative_to(images)}")
+    return images
+
+
+def test_the_pipeline_reads_trains_and_pushes_in_buckets(s3, tmp_path):
+    from keras_vit import fashion_mnist
+
+    env, client = s3
+    images = _upload_image_folder(client, tmp_path, "data", "images", num_train=200, num_eval=30, num_test=60)
+    for bucket in ("pipeline", "serving"):
+        client.create_bucket(Bucket=bucket)
     flags = ["-m", "pipeline.run", "--image_dir=s3://data/images", "--pipeline_root=s3://pipeline/root",
              "--serving_dir=s3://serving/models", f"--metadata_path={tmp_path / 'metadata.sqlite'}",
              "--model_name=fmnist", "--train_steps=10", "--batch_size=32", "--warmup_steps=2",
@@ -208,6 +216,32 @@ def test_the_pipeline_reads_trains_and_pushes_in_buckets(s3, tmp_path):
     served = json.loads(fresh.stdout)
     folder_names = [n.replace("/", "-") for n in fashion_mnist.CLASS_NAMES]
     assert abs(served["sum"] - 1) < 1e-4 and served["class"] in folder_names
+
+
+def test_the_beam_components_run_in_a_worker_pool_reading_and_writing_buckets(s3, beam_services, tmp_path):
+    """As on a cluster: a job service and an EXTERNAL worker pool, each its own process,
+    whose workers have the AWS variables and nothing else S3-specific; ImageExampleGen,
+    StatisticsGen, Dedup and the Evaluator (which loads the trained model from the bucket)
+    run in the pool's workers."""
+    env, client = s3
+    _upload_image_folder(client, tmp_path, "shared", "images", num_train=120, num_eval=30, num_test=40)
+    workers = {k: v for k, v in env.items() if not k.startswith("S3_")}
+    venv_path = os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"]
+    proc = _run(env, "-m", "pipeline.run", "--image_dir=s3://shared/images",
+                "--pipeline_root=s3://shared/root", "--serving_dir=s3://shared/serving",
+                f"--metadata_path={tmp_path / 'metadata.sqlite'}", "--train_steps=5", "--batch_size=32",
+                "--warmup_steps=1", "--accuracy_threshold=0",
+                *beam_services(venv_path, workers), timeout=900)
+    assert proc.returncode == 0, proc.stderr[-6000:]
+    summary = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert summary["pushed"] and set(summary["executions"].values()) == {"COMPLETE"}, summary
+    jobs = (tmp_path / "jobs.log").read_text()
+    # The worker check, ImageExampleGen, StatisticsGen, Dedup and the Evaluator.
+    assert jobs.count("with state DONE") >= 5, jobs[-3000:]
+    assert "Starting worker with command ['" + os.path.join(ROOT, "tests", "beam_boot.py") in \
+        (tmp_path / "pool.log").read_text()
+    assert summary["serving_model_path"] == "s3://shared/serving/vit/1"
+    assert "serving/vit/1/saved_model.pb" in _keys(client, "shared", "serving/")
 
 
 def test_tfrecords_in_a_bucket_are_read_and_validated_before_training(s3, tmp_path):
