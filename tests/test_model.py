@@ -6,6 +6,7 @@ import os
 import keras
 import numpy as np
 import pytest
+import bf16_bounds
 from conftest import TINY, randomise, tiny
 
 import keras_vit
@@ -182,11 +183,18 @@ def test_predict_traces_at_most_twice_over_batch_sizes():
     assert model.predict_function.experimental_get_tracing_count() == 2
 
 
-def test_mixed_bfloat16_keeps_logits_float32_and_close():
-    x = images()
+def test_mixed_bfloat16_keeps_logits_float32_and_is_as_accurate_as_the_plain_forms(monkeypatch):
+    """The whole model in mixed_bfloat16, with the graph forms these cores pick, against
+    the float32 model: no less accurate than the same model in its plain forms (those
+    it takes where TF's oneDNN does not run bf16), by `bf16_bounds.assert_as_accurate`."""
+    import tensorflow as tf
+
+    from keras_vit import hardware
+
+    x = images(n=16)
     ref = randomise(tiny(), seed=1)
     weights = ref.get_weights()
-    ref_logits = ref.predict(x, verbose=0)
+    exact = ref.predict(x, verbose=0)
     keras.mixed_precision.set_global_policy("mixed_bfloat16")
     model = tiny()
     model.set_weights(weights)
@@ -194,7 +202,10 @@ def test_mixed_bfloat16_keeps_logits_float32_and_close():
     assert out["logits"].dtype == "float32"
     assert out["attention"][0].dtype == "float32"
     assert model.blocks[0].attention.compute_dtype == "bfloat16"
-    np.testing.assert_allclose(out["logits"], ref_logits, atol=0.1)
+    chosen = tf.function(lambda t: model(t, training=False))(x).numpy()
+    monkeypatch.setattr(hardware, "onednn_runs", lambda dtype="float32": False)
+    plain = tf.function(lambda t: model(t, training=False))(x).numpy()
+    bf16_bounds.assert_as_accurate(chosen, plain, exact, "mixed_bfloat16 logits")
 
 
 def test_dropout_and_stochastic_depth_only_act_in_training():
