@@ -8,8 +8,9 @@ import warnings
 warnings.filterwarnings("ignore", message="You are using a non-supported Python version",
                         category=FutureWarning)
 
-from keras_vit.checkpoints import CheckpointError, inspect_checkpoint, interpolate_posembed
+from keras_vit.checkpoints import CheckpointError, inspect_checkpoint, interpolate_posembed, save_npz
 from keras_vit.configs import MODEL_CONFIGS, ResNetConfig, ViTConfig, get_config, list_models
+from keras_vit.pretrained import list_pretrained
 from keras_vit.training.precision import compute_dtype_twin
 from keras_vit.vit import VisionTransformer, create_model, load_model
 
@@ -31,5 +32,7 @@ __all__ = [
     "inspect_checkpoint",
     "interpolate_posembed",
     "list_models",
+    "list_pretrained",
     "load_model",
+    "save_npz",
 ]

@@ -43,11 +43,12 @@ def exit_for_bad_config(message: str) -> None:
 def load_model_or_exit(path: str, image_size=None):
     """`keras_vit.load_model`, with a missing or unreadable model file reported as a bad
     `--model` flag rather than a traceback."""
+    from keras_vit.pretrained import DownloadError
     from keras_vit.vit import load_model
 
     try:
         return load_model(path, image_size)
-    except (FileNotFoundError, ValueError, TypeError) as e:  # CheckpointError is a ValueError
+    except (FileNotFoundError, ValueError, TypeError, DownloadError) as e:  # CheckpointError: ValueError
         exit_for_bad_config(f"--model={path}: {e}")
 
 

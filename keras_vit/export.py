@@ -254,7 +254,7 @@ def main(argv):
     FLAGS = flags.FLAGS
     del argv
     quiet_info_logs()
-    from keras_vit.checkpoints import checkpoint_class_names
+    from keras_vit import pretrained
     from keras_vit.cli import load_model_or_exit
 
     storage.check(FLAGS.output_dir)  # before the model is read
@@ -268,7 +268,7 @@ def main(argv):
     elif FLAGS.class_names:
         names = FLAGS.class_names
     elif not FLAGS.model.endswith(".keras") and model.config.num_classes:
-        names = checkpoint_class_names(FLAGS.model)
+        names = pretrained.class_names(FLAGS.model)  # a checkpoint's own, or the registry's
     stored = precision.compute_dtype_twin(model) if FLAGS.weights_in_compute_dtype else model
     dtypes = sorted({w.dtype for w in stored.weights})
     print(f"Exporting {FLAGS.model} (policy {precision.model_policy(model)}, weights stored as "
@@ -284,7 +284,8 @@ def main(argv):
 def _define_flags():
     from absl import flags
 
-    flags.DEFINE_string("model", None, "A .keras file, an official .npz or a Hugging Face ViT directory.",
+    flags.DEFINE_string("model", None, "A .keras file, an official .npz, a Hugging Face ViT directory, "
+                        "or pretrained weights by name (python -m keras_vit.zoo --pretrained).",
                         required=True)
     flags.DEFINE_integer("image_size", None,
                          "Serving resolution for a checkpoint (position embeddings are interpolated).")

@@ -145,8 +145,9 @@ class VisionTransformer(keras.Model):
 
 
 def load_model(path: str, image_size=None) -> VisionTransformer:
-    """A saved `.keras` ViT, or a checkpoint (official `.npz`, Hugging Face directory)
-    whose architecture is read from its tensors.
+    """A saved `.keras` ViT, or a checkpoint (official `.npz`, Hugging Face directory,
+    or pretrained weights by name, see `create_model`) whose architecture is read from
+    its tensors.
 
     `image_size` (int or (height, width)) applies to checkpoints, whose position
     embeddings are then interpolated; a `.keras` model keeps its own size.
@@ -181,13 +182,19 @@ def create_model(
     Args:
       name_or_config: a paper name (`"ViT-B/16"`, `"R50+ViT-B/16"`, case-insensitive),
         a `ViTConfig`, its dict or JSON file path, or None to take the architecture
-        from `weights`.
+        from `weights`; or the name of pretrained weights
+        (`"vit_base_patch16_224.augreg_in21k_ft_in1k"`, `"hf://google/vit-base-patch16-224"`),
+        which gives both the architecture and the weights, at the name's resolution.
       num_classes: size of the head; 0 for a headless feature model. Default: the
         config's (1000 for named models), or the checkpoint's when loading weights.
       image_size: int or (height, width), a multiple of the total patch stride.
         Position embeddings of a checkpoint at another size are interpolated.
       weights: an official `.npz` (released, Flax or big_vision naming) or a Hugging
-        Face ViT directory (`config.json` + `model.safetensors`).
+        Face ViT directory (`config.json` + `model.safetensors`), local or on storage
+        tf.io.gfile reads; an http(s) URL; or pretrained weights by name (see
+        `keras_vit.list_pretrained`): a registered name, an official AugReg file
+        name, `hf://owner/repo`, or a tag of the named model (`"augreg_in21k_ft_in1k"`).
+        Named weights are downloaded once into `keras_vit.pretrained.cache_dir()`.
       dtype: a Keras dtype policy name for every layer; default the global policy.
       **overrides: official config fields: `hidden_size`, `patch_size`, `mlp_dim`,
         `num_heads`, `num_layers`, `dropout_rate`, `attention_dropout_rate`,
@@ -197,13 +204,16 @@ def create_model(
     Returns:
       A built `VisionTransformer` mapping `[B, H, W, C]` images in [-1, 1] to logits.
     """
-    from keras_vit import checkpoints  # the loaders import this module
+    from keras_vit import checkpoints, pretrained  # the loaders import this module
 
+    name_or_config, weights, entry = pretrained.locate(name_or_config, weights, image_size)
     source = checkpoints.open_checkpoint(weights) if weights is not None else None
     if name_or_config is None:
         if source is None:
             raise ValueError("create_model needs a model name, a config, or weights to infer one from")
         config = source.infer_config()
+        if entry is not None:
+            config = config.replace(name=entry.name)
     else:
         config = resolve_config(name_or_config)
 
@@ -214,6 +224,8 @@ def create_model(
         overrides = {**implied, **overrides}
         if num_classes is None:
             num_classes = source.num_classes()
+    if entry is not None and not entry.on_hub and "representation_size" not in overrides:
+        overrides["representation_size"] = entry.representation_size  # its pre-logits layer, if any
     if num_classes is not None:
         overrides["num_classes"] = num_classes
     if image_size is not None:

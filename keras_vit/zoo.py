@@ -3,6 +3,9 @@
 For each model: parameters (counted on the built Keras model), forward GMACs and
 the token count at the chosen resolution. Writes `model_zoo.md` and
 `model_zoo.json` into --output_dir.
+
+`python -m keras_vit.zoo --pretrained [--pattern='vit_base*']` prints the named
+pretrained checkpoints instead (`keras_vit.list_pretrained`).
 """
 
 from __future__ import annotations
@@ -18,6 +21,8 @@ flags.DEFINE_list("models", None, "Model names to include (default: all register
 flags.DEFINE_integer("image_size", 224, "Square input resolution.")
 flags.DEFINE_integer("num_classes", 1000, "Head size.")
 flags.DEFINE_string("output_dir", "saved_models/zoo", "Where model_zoo.md and model_zoo.json go.")
+flags.DEFINE_bool("pretrained", False, "Print the named pretrained checkpoints and exit.")
+flags.DEFINE_string("pattern", None, "With --pretrained: only names matching this fnmatch pattern.")
 
 
 def describe(name: str, image_size: int, num_classes: int) -> dict:
@@ -47,6 +52,16 @@ def describe(name: str, image_size: int, num_classes: int) -> dict:
 def main(argv):
     del argv
     import keras_vit
+
+    if FLAGS.pretrained:
+        from keras_vit import pretrained
+
+        entries = pretrained.list_pretrained(FLAGS.pattern)
+        if not entries:
+            sys.exit(f"no pretrained checkpoint matches {FLAGS.pattern!r}")
+        print(pretrained.describe(entries))
+        print(f"{len(entries)} checkpoints; files cached in {pretrained.cache_dir()}", file=sys.stderr)
+        return
 
     names = FLAGS.models or keras_vit.list_models()
     rows = []

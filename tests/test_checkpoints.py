@@ -275,3 +275,15 @@ def test_the_command_lines_report_a_model_they_cannot_read_as_a_bad_flag(tmp_pat
         text = str(exit_.value.code)
         assert text.startswith(f"--model={path}: ") and message in text and "--helpshort" in text
     assert load_model_or_exit(str(tmp_path / "m.keras")).config.hidden_size == 64
+
+
+@pytest.mark.parametrize("path", [TOKEN_REP, HYBRID])
+def test_save_npz_writes_the_official_file_back(tmp_path, path):
+    """A loaded official checkpoint, saved again, holds the same tensors under the same
+    names and layouts (class token, fused attention split back, ResNet stem, head)."""
+    model = keras_vit.create_model(None, weights=path)
+    written = keras_vit.save_npz(model, str(tmp_path / "again.npz"))
+    original, again = read(path), read(written)
+    assert sorted(again) == sorted(original)
+    for name, value in original.items():
+        np.testing.assert_array_equal(again[name], value.astype("float32"), err_msg=name)

@@ -237,6 +237,35 @@ def load_into(model, source: CheckpointSource) -> List[str]:
     return notes
 
 
+def save_npz(model, path: str) -> str:
+    """Writes `model`'s weights as an official released `.npz` (the naming and layouts
+    of `vit_jax`, which timm and big_vision read too); `path` is local or a URL
+    tf.io.gfile writes. Returns `path`."""
+    import io
+
+    c = model.config
+    d, h, dh = c.hidden_size, c.num_heads, c.head_dim
+    params = {}
+    for names, var, _ in _model_tensors(model):
+        value = np.asarray(var.numpy(), "float32")
+        if isinstance(names, list):  # the fused query/key/value kernel or bias
+            for name, part in zip(names, np.split(value, 3, axis=-1)):
+                params[name] = part.reshape((d, h, dh) if name.endswith("kernel") else (h, dh))
+        elif names.endswith("/out/kernel"):
+            params[names] = value.reshape(h, dh, d)
+        else:
+            params[names] = value
+    if c.position_embedding == "learned":
+        params["Transformer/posembed_input/pos_embedding"] = model.position_embedding.embedding.numpy()
+    if model.head is not None:
+        params["head/kernel"] = model.head.kernel.numpy()
+        params["head/bias"] = model.head.bias.numpy()
+    buffer = io.BytesIO()
+    np.savez(buffer, **params)
+    storage.write_bytes(path, buffer.getvalue())
+    return path
+
+
 def posemb_grid_text(n: int, grid) -> str:
     if grid is not None:
         return f"{grid[0]}x{grid[1]}"

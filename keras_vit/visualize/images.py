@@ -1,8 +1,9 @@
-"""Images for the visualisation CLI: files, folders, scikit-image's photos or a TFDS split."""
+"""Images for the CLIs (visualize, predict): files, folders, globs, http(s) URLs,
+scikit-image's photos or a TFDS split."""
 
 from __future__ import annotations
 
-from typing import List, Tuple
+from typing import List, Optional, Tuple
 
 import numpy as np
 
@@ -46,13 +47,25 @@ def _files(spec: str) -> List[str]:
     return found
 
 
-def load_images(specs: List[str], image_size, channels: int, limit: int = 16):
+def _url_bytes(url: str) -> bytes:
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(url, timeout=60) as response:
+            return response.read()
+    except OSError as e:  # urllib's URLError and HTTPError are OSErrors
+        raise FileNotFoundError(f"cannot read {url}: {getattr(e, 'reason', e)}") from e
+
+
+def load_images(specs: List[str], image_size, channels: int, limit: Optional[int] = 16):
     """Reads and preprocesses images as the model's evaluation input.
 
-    Each spec is a file, a folder (searched recursively), a glob, `skimage:<name>`
-    (a photo bundled with scikit-image) or `dataset:<tfds name>:<split>` (its first
-    images). Returns (`[N, h, w, channels]` float32 in [-1, 1], N names), N <= limit.
+    Each spec is a file, a folder (searched recursively), a glob, an http(s) URL,
+    `skimage:<name>` (a photo bundled with scikit-image) or `dataset:<tfds
+    name>:<split>` (its first images); paths may be on storage tf.io.gfile reads.
+    Returns (`[N, h, w, channels]` float32 in [-1, 1], N names), N <= limit (None: all).
     """
+    limit = float("inf") if limit is None else limit
     from keras_vit import preprocessing, storage
 
     named: List[Tuple[str, bytes]] = []
@@ -60,12 +73,14 @@ def load_images(specs: List[str], image_size, channels: int, limit: int = 16):
         if spec.startswith("skimage:"):
             named.append((spec, _skimage_photo(spec[len("skimage:"):])))
         elif spec.startswith("dataset:"):
-            named.extend(_dataset_images(spec[len("dataset:"):], limit - len(named)))
+            named.extend(_dataset_images(spec[len("dataset:"):], int(min(limit - len(named), 1e9))))
+        elif spec.startswith(("http://", "https://")):
+            named.append((spec, _url_bytes(spec)))
         else:
             named += [(storage.basename(path), storage.read_bytes(path)) for path in _files(spec)]
         if len(named) >= limit:
             break
-    named = named[:limit]
+    named = named[:int(min(limit, len(named)))]
     if not named:
         raise ValueError("no images given")
     images = np.stack([preprocessing.decode_for_eval(data, image_size, channels, label=name).numpy()
