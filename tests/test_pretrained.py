@@ -12,6 +12,7 @@ import sys
 import textwrap
 import threading
 
+import google_crc32c
 import numpy as np
 import pytest
 from conftest import data_path, randomise
@@ -125,8 +126,10 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             return
         how = server.broken.get(path)
         md5 = hashlib.md5(b"not this" if how == "bad_md5" else body).digest()
+        crc = google_crc32c.Checksum(b"not this" if how == "bad_crc32c" else body).digest()
         self.send_response(200)
         self.send_header("Content-Length", str(len(body)))
+        self.send_header("x-goog-hash", f"crc32c={base64.b64encode(crc).decode()}")  # as GCS: two headers
         self.send_header("x-goog-hash", f"md5={base64.b64encode(md5).decode()}")
         if "/resolve/" in path:  # the Hub's contract for huggingface_hub
             self.send_header("X-Repo-Commit", HF_COMMIT)
@@ -210,7 +213,9 @@ def test_offline_uses_the_cache_only_and_says_what_to_fetch(server, tmp_path, mo
 
 
 @pytest.mark.parametrize("how, message", [("truncate", "got 7,6[0-9,]* bytes where the server announced"),
-                                          ("bad_md5", "its MD5 does not match the server's x-goog-hash")])
+                                          ("bad_md5", "its MD5 does not match the server's x-goog-hash"),
+                                          ("bad_crc32c", "its CRC32C does not match the server's "
+                                                         "x-goog-hash")])
 def test_a_broken_download_is_named_and_leaves_nothing_in_the_cache(server, tmp_path, how, message):
     server.broken["/" + TI16_FILE] = how
     with pytest.raises(DownloadError, match=message) as e:
@@ -346,3 +351,10 @@ def test_any_augreg_file_is_a_name_checked_against_the_buckets_index(server, ti1
     model = keras_vit.create_model(stem)
     assert (model.config.name, model.config.num_classes, model.config.image_size) == (stem, 1000, (224, 224))
     assert server.fetched("/augreg/index.csv") == 1
+
+
+def test_a_cache_on_object_storage_is_refused_by_name(monkeypatch):
+    monkeypatch.setenv("KERAS_VIT_HOME", "gs://bucket/keras-vit")
+    with pytest.raises(DownloadError,
+                       match="KERAS_VIT_HOME=gs://bucket/keras-vit: the weights cache must be a local"):
+        keras_vit.create_model(TI16)

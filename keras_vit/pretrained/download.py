@@ -45,6 +45,9 @@ def cache_dir() -> str:
     """Where downloaded weights live: `$KERAS_VIT_HOME/weights` (default ~/.cache/keras-vit/weights)."""
     home = os.environ.get("KERAS_VIT_HOME") or os.path.join(
         os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "keras-vit")
+    if "://" in home:  # the lock and the rename need a local filesystem
+        raise DownloadError(f"KERAS_VIT_HOME={home}: the weights cache must be a local folder "
+                            "(put a mirror of the files in a bucket with KERAS_VIT_WEIGHTS_URL instead)")
     return os.path.join(home, "weights")
 
 
