@@ -11,8 +11,8 @@ from keras_vit.pretrained.download import DownloadError, cache_dir, fetch, fetch
 from keras_vit.pretrained.registry import Pretrained, UnknownWeightsError, describe, list_pretrained, resolve
 
 __all__ = ["DownloadError", "Pretrained", "UnknownWeightsError", "cache_dir", "class_names", "describe",
-           "fetch", "fetch_official",
-           "list_pretrained", "local_weights", "locate", "offline", "resolve"]
+           "fetch", "fetch_official", "fetch_url", "hub_entry", "list_pretrained", "local_weights", "locate",
+           "offline", "resolve"]
 
 _HF = re.compile(r"^hf://(?P<repo>[\w.\-]+/[\w.\-]+)(?:@(?P<revision>[\w.\-/]+))?$")
 
@@ -48,7 +48,8 @@ def locate(name_or_config, weights, image_size=None):
     if weights.startswith(("http://", "https://")):
         return name_or_config, fetch_url(weights), None
     if weights.startswith("hf://"):
-        return name_or_config, local_weights(hub_entry(weights)), hub_entry(weights)
+        entry = hub_entry(weights)
+        return name_or_config, local_weights(entry), entry
     if storage.is_url(weights) or storage.exists(weights):
         return name_or_config, weights, None
     model = name_or_config if isinstance(name_or_config, str) and paper_name(name_or_config) else None
