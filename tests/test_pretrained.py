@@ -90,6 +90,11 @@ def test_names_resolve_as_timm_spells_them_or_by_tag_or_by_file():
     with pytest.raises(UnknownWeightsError,
                        match="no 'sam_in1k' weights for ViT-Ti/16; its tags: augreg_in21k"):
         pretrained.resolve("sam_in1k", model="ViT-Ti/16")
+    for name, count, first in [(TI16, 1000, "tench"),
+                               ("vit_tiny_patch16_224.augreg_in21k", 21843, "organism")]:
+        names = pretrained.class_names(name)
+        assert (len(names), names[0]) == (count, first)
+        assert all(names) and pretrained.resolve(name).num_classes == count
     assert [e.name for e in keras_vit.list_pretrained("*huge*")] == [
         "vit_huge_patch14_224.orig_in21k", "hf://google/vit-huge-patch14-224-in21k"]
 

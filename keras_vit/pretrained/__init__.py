@@ -66,8 +66,8 @@ def locate(name_or_config, weights, image_size=None):
 
 def class_names(model: str) -> Optional[List[str]]:
     """The class names of the weights `model` names or holds: the list shipped with the
-    package for a registered ImageNet-1k checkpoint, a Hugging Face config's `id2label`,
-    or None (a .keras file, an .npz outside the registry)."""
+    package for a registered ImageNet-1k or ImageNet-21k checkpoint, a Hugging Face
+    config's `id2label`, or None (a .keras file, an .npz outside the registry)."""
     from keras_vit import storage
     from keras_vit.checkpoints import checkpoint_class_names
 

@@ -48,7 +48,10 @@ class Pretrained:
       pretrain, finetune: the data sets (finetune None for a pre-trained checkpoint).
       top1: ImageNet top-1 in percent, where the official README gives it.
       inputs: the pixel range the checkpoint expects.
-      labels: the class names' list shipped with the package (`"imagenet1k"`), if any.
+      labels: the class names' list shipped with the package, if any: `"imagenet1k"`
+        (ImageNet-2012's 1000 classes in their usual order) or `"imagenet21k"` (the
+        21843 classes of the official ImageNet-21k checkpoints, in Google's order), one
+        WordNet lemma per class.
       representation_size: the width of its pre-logits layer, if it has one.
     """
 
