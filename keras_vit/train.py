@@ -48,7 +48,8 @@ def define_flags():
     flags.DEFINE_float("dropout_rate", None, "Dropout (default: the recipe's).")
     flags.DEFINE_float("label_smoothing", None, "Label smoothing.")
     flags.DEFINE_enum("loss", None, ["softmax", "sigmoid"], "Cross-entropy kind.")
-    flags.DEFINE_string("weights", None, "Checkpoint to start from (.npz or Hugging Face directory).")
+    flags.DEFINE_string("weights", None, "Checkpoint to start from: an .npz or Hugging Face directory, or "
+                        "pretrained weights by name or tag (python -m keras_vit.zoo --pretrained).")
     flags.DEFINE_enum("strategy", "auto", list(STRATEGIES), "tf.distribute strategy.")
     flags.DEFINE_string("tpu", None, "TPU name or grpc:// address for --strategy=tpu ('local' on a TPU VM).")
     flags.DEFINE_string("tpu_zone", None, "GCE zone of a Cloud TPU named by --tpu (default: from metadata).")

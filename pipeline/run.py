@@ -270,7 +270,8 @@ def _define_flags():
     flags.DEFINE_float("dropout_rate", 0.0, "Dropout.")
     flags.DEFINE_float("crop_area_min", 1.0, "Smallest Inception-crop area (1.0: flips only).")
     flags.DEFINE_enum("recipe", "pretrain", ["pretrain", "finetune"], "keras_vit training recipe.")
-    flags.DEFINE_string("weights", None, "Checkpoint to start from (with --recipe=finetune).")
+    flags.DEFINE_string("weights", None, "Checkpoint to start from (with --recipe=finetune): a path, or "
+                        "pretrained weights by name or tag (python -m keras_vit.zoo --pretrained).")
     flags.DEFINE_enum("precision", "auto", list(PRECISIONS),
                       "Dtype policy; auto picks bf16 on bf16 hardware.")
     flags.DEFINE_enum("serving_precision", None, list(PRECISIONS),

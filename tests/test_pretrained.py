@@ -363,3 +363,13 @@ def test_a_cache_on_object_storage_is_refused_by_name(monkeypatch):
     with pytest.raises(DownloadError,
                        match="KERAS_VIT_HOME=gs://bucket/keras-vit: the weights cache must be a local"):
         keras_vit.create_model(TI16)
+
+
+def test_training_configs_take_pretrained_names():
+    from keras_vit.training import ConfigError, TrainConfig
+
+    TrainConfig(model="ViT-Ti/16", weights="augreg_in21k", steps=1).validate()
+    TrainConfig(model=TI16, steps=1).validate()
+    TrainConfig(model="ViT-Ti/16", weights="hf://google/vit-base-patch16-224", steps=1).validate()
+    with pytest.raises(ConfigError, match="weights augreg_in22k not found \\(nor a pretrained name"):
+        TrainConfig(model="ViT-Ti/16", weights="augreg_in22k", steps=1).validate()

@@ -12,7 +12,7 @@ from keras_vit.pretrained.registry import Pretrained, UnknownWeightsError, descr
 
 __all__ = ["DownloadError", "Pretrained", "UnknownWeightsError", "cache_dir", "class_names", "describe",
            "fetch", "fetch_official", "fetch_url", "hub_entry", "list_pretrained", "local_weights", "locate",
-           "offline", "resolve"]
+           "names_weights", "offline", "resolve"]
 
 _HF = re.compile(r"^hf://(?P<repo>[\w.\-]+/[\w.\-]+)(?:@(?P<revision>[\w.\-/]+))?$")
 
@@ -62,6 +62,18 @@ def locate(name_or_config, weights, image_size=None):
     if name_or_config is None and not entry.on_hub:
         name_or_config = _architecture(entry)
     return name_or_config, local_weights(entry), entry
+
+
+def names_weights(text: str, model: Optional[str] = None) -> bool:
+    """Whether `text` names pretrained weights (a registered name, `hf://...`, an AugReg
+    file name, or with `model` one of its tags), without fetching anything."""
+    if text.startswith("hf://"):
+        return bool(_HF.match(text))
+    try:
+        resolve(text, model=model)
+        return True
+    except UnknownWeightsError:
+        return False
 
 
 def class_names(model: str) -> Optional[List[str]]:

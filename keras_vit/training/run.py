@@ -17,7 +17,7 @@ from typing import List, Optional, Tuple
 
 import keras
 
-from keras_vit import configs, data, storage
+from keras_vit import configs, data, pretrained, storage
 from keras_vit.evaluation import FewShotPlan
 from keras_vit.training import distribute, precision, recipes
 from keras_vit.training.csv_history import CSVHistory
@@ -124,14 +124,17 @@ class TrainConfig:
             if not isinstance(self.model_overrides, dict):
                 problems.append(
                     f"model_overrides must be a dict of config fields, got {self.model_overrides!r}")
-            elif self.model is not None or not self.weights:
+            elif (self.model is not None or not self.weights) and not (
+                    isinstance(self.model, str) and pretrained.names_weights(self.model)):
                 try:
                     configs.resolve_config(self.model).replace(image_size=self.image_size,
                                                                **self.model_overrides)
                 except (ValueError, TypeError, OSError) as e:
                     problems.append(f"model {self.model!r}: {e}")
-        if check_paths and self.weights and "://" not in self.weights:
-            need(storage.exists(self.weights), f"weights {self.weights} not found")
+        if check_paths and self.weights and "://" not in self.weights and not pretrained.names_weights(
+                self.weights, self.model if isinstance(self.model, str) else None):
+            need(storage.exists(self.weights), f"weights {self.weights} not found (nor a pretrained name: "
+                                               "python -m keras_vit.zoo --pretrained)")
         if problems:
             raise ConfigError("bad training config:\n  " + "\n  ".join(problems))
 
