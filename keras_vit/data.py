@@ -432,12 +432,12 @@ def make_dataset(
             [tf.strings.join([record, ": label ", tf.strings.as_string(label),
                               f" is outside [0, {num_classes})"])])
         with tf.control_dependencies([check]):
-            image = preprocessing.decode_image(ex[source.image_key], channels, label=record)
-        if training:
-            image = preprocessing.train_image(image, size, tf.stack([tf.cast(seed, tf.int64), index]),
-                                              area_range=crop_area)
-        else:
-            image = preprocessing.eval_image(image, size)
+            if training:
+                image = preprocessing.train_image(
+                    preprocessing.decode_image(ex[source.image_key], channels, label=record), size,
+                    tf.stack([tf.cast(seed, tf.int64), index]), area_range=crop_area)
+            else:  # as the exported serving graph computes it
+                image = preprocessing.decode_for_eval(ex[source.image_key], size, channels, label=record)
         return tf.ensure_shape(image, [*size, channels]), tf.cast(label, tf.int32)
 
     # Evaluation keeps the records' order (results line up with ids); training may

@@ -46,8 +46,9 @@ class _ServingGraph:
     `class_names` None: the model outputs features, which are served as they are.
     """
 
-    def __init__(self, model, class_names, image_size, channels, top_k, activation):
+    def __init__(self, model, class_names, image_size, channels, top_k, activation, max_pixels):
         self.model = model
+        self.max_pixels = max_pixels
         self.image_size = image_size
         self.channels = channels
         self.top_k = top_k
@@ -70,7 +71,8 @@ class _ServingGraph:
         }
 
     def from_bytes(self, image_bytes, input_name):
-        images = preprocessing.decode_batch_for_eval(image_bytes, self.image_size, self.channels, input_name)
+        images = preprocessing.decode_batch_for_eval(image_bytes, self.image_size, self.channels, input_name,
+                                                     self.max_pixels)
         return self.outputs(images)
 
     def serving_default(self, image_bytes):
@@ -95,6 +97,7 @@ def export_saved_model(
     warmup: bool = True,
     models_config_prefix: Optional[str] = None,
     weights_in_compute_dtype: bool = True,
+    max_pixels: int = preprocessing.DEFAULT_MAX_PIXELS,
 ) -> str:
     """Writes `model` as a TF Serving SavedModel under `path/<version>/`.
 
@@ -103,7 +106,10 @@ def export_saved_model(
     float32 [N, k], k = min(top_k, C); for a keras_vit model without a head,
     `num_classes=0`, they return its pre-logits `features` float32 [N, D] instead):
       - `serving_default`: `image_bytes` string [N], encoded JPEG/PNG/GIF/BMP; decoded,
-        converted to RGB, resized and scaled to [-1, 1] in the graph.
+        converted to RGB, resized and scaled to [-1, 1] in the graph. An image whose
+        header declares more than `max_pixels`, or none, is refused (InvalidArgument
+        naming `image_bytes[i]`) before it is decoded; a large JPEG is decoded at 1/2,
+        1/4 or 1/8 scale, never below the model's input size.
       - `serving_examples`: `examples` string [N], serialized tf.Example with an
         `image` bytes feature (for TFMA and InfraValidator).
       - `predict_images`: `images` float32 [N, H, W, C], already preprocessed.
@@ -122,6 +128,8 @@ def export_saved_model(
       weights_in_compute_dtype: for a ViT under a mixed policy, store the weights in
         the compute dtype (`precision.compute_dtype_twin`): the same outputs bit for
         bit, half the size, and faster at small batches.
+      max_pixels: the most pixels a served image may declare (default 200 million, a
+        200 MP phone photo).
 
     Returns:
       The version directory written.
@@ -131,7 +139,8 @@ def export_saved_model(
     storage.makedirs(path)
     final = storage.publish(storage.join(path, str(version)), lambda staging: write_saved_model(
         model, staging, class_names=class_names, image_size=image_size, top_k=top_k, activation=activation,
-        warmup=warmup, model_name=storage.basename(path), weights_in_compute_dtype=weights_in_compute_dtype))
+        warmup=warmup, model_name=storage.basename(path), weights_in_compute_dtype=weights_in_compute_dtype,
+        max_pixels=max_pixels))
     write_models_config(storage.parent(path), models_config_prefix)
     return final
 
@@ -146,6 +155,7 @@ def write_saved_model(
     warmup: bool = True,
     model_name: str = "model",
     weights_in_compute_dtype: bool = True,
+    max_pixels: int = preprocessing.DEFAULT_MAX_PIXELS,
 ) -> str:
     """Writes the SavedModel of `export_saved_model` at exactly `directory` (no version
     folder), e.g. a TFX Trainer's `serving_model_dir`. `model_name` goes into the
@@ -175,12 +185,14 @@ def write_saved_model(
                          "activation='sigmoid'")
     if top_k < 1:
         raise ValueError(f"top_k must be >= 1, got {top_k}")
+    if max_pixels < size[0] * size[1]:
+        raise ValueError(f"max_pixels {max_pixels:,} is below the model's own input ({size[0]}x{size[1]})")
     if tf.io.gfile.exists(directory) and tf.io.gfile.listdir(directory):
         raise FileExistsError(f"{directory} is not empty")
 
     if weights_in_compute_dtype:
         model = precision.compute_dtype_twin(model)
-    graph = _ServingGraph(model, class_names, size, channels, min(top_k, num_outputs), activation)
+    graph = _ServingGraph(model, class_names, size, channels, min(top_k, num_outputs), activation, max_pixels)
     archive = keras.export.ExportArchive()
     archive.track(model)
     archive.add_endpoint("serving_default", graph.serving_default,
@@ -276,7 +288,8 @@ def main(argv):
     out = export_saved_model(stored, FLAGS.output_dir, class_names=names, version=FLAGS.version,
                              top_k=FLAGS.top_k, activation=FLAGS.activation,
                              models_config_prefix=FLAGS.models_config_prefix,
-                             weights_in_compute_dtype=FLAGS.weights_in_compute_dtype)
+                             weights_in_compute_dtype=FLAGS.weights_in_compute_dtype,
+                             max_pixels=FLAGS.max_pixels)
     models_config = storage.join(storage.parent(FLAGS.output_dir), "models.config")
     print(f"Wrote SavedModel to {out} and {models_config}")
 
@@ -305,6 +318,9 @@ def _define_flags():
     flags.DEFINE_bool("weights_in_compute_dtype", True,
                       "Under a mixed policy, store the weights in the compute dtype "
                       "(same outputs, half the size).")
+    flags.DEFINE_integer("max_pixels", preprocessing.DEFAULT_MAX_PIXELS,
+                         "The most pixels a served image may declare in its header; larger ones are "
+                         "refused before decoding (default: a 200 MP phone photo passes).", lower_bound=1)
 
 
 def run():

@@ -11,6 +11,11 @@ import tensorflow as tf
 # Leading bytes of the formats tf.io.decode_image reads.
 _MAGIC = (b"\xff\xd8\xff", b"\x89PNG", b"GIF8", b"BM")
 
+# The most pixels an image may declare before anything decodes it: a 200 MP phone photo
+# (16320x12240) passes; a 20000x20000 PNG of zeros (0.4 MB, 1.2 GB decoded) does not.
+DEFAULT_MAX_PIXELS = 200_000_000
+_PAD = b"\0" * 32  # reads past the end of a short header give zeros, not an error
+
 
 def image_hw(image_size):
     """An int or (height, width) -> (height, width)."""
@@ -22,18 +27,107 @@ def is_supported_image(image_bytes: tf.Tensor) -> tf.Tensor:
     return tf.reduce_any([tf.strings.substr(image_bytes, 0, len(m)) == m for m in _MAGIC])
 
 
-def decode_image(image_bytes: tf.Tensor, channels: int = 3, label="image") -> tf.Tensor:
+def _bytes(data: tf.Tensor, pos, n: int) -> tf.Tensor:
+    return tf.cast(tf.io.decode_raw(tf.strings.substr(data, pos, n), tf.uint8), tf.int64)
+
+
+def _jpeg_size(data: tf.Tensor, length: tf.Tensor):
+    # Walks the segments to the first start-of-frame marker (SOF0..SOF15 but DHT C4,
+    # JPG C8 and DAC CC), which holds the height and width; stops at a byte that is
+    # no marker, at the start of scan, or at the end.
+    def more(pos, h, w, done):
+        return tf.logical_and(tf.logical_not(done), pos + 9 <= length)
+
+    def step(pos, h, w, done):
+        b = _bytes(data, pos, 9)
+        marker, bad = b[1], tf.not_equal(b[0], 0xFF)
+        sof = (marker >= 0xC0) & (marker <= 0xCF) & (marker != 0xC4) & (marker != 0xC8) & (marker != 0xCC)
+        alone = (marker == 0x01) | ((marker >= 0xD0) & (marker <= 0xD8))  # no length field
+        skip = tf.where(marker == 0xFF, tf.constant(1, tf.int64),
+                        tf.where(alone, tf.constant(2, tf.int64), 2 + b[2] * 256 + b[3]))
+        found = sof & ~bad
+        return (pos + skip, tf.where(found, b[5] * 256 + b[6], h), tf.where(found, b[7] * 256 + b[8], w),
+                bad | sof | (marker == 0xD9) | (marker == 0xDA))
+
+    none = tf.constant(-1, tf.int64)
+    _, h, w, _ = tf.while_loop(more, step, (tf.constant(2, tf.int64), none, none, tf.constant(False)))
+    return h, w
+
+
+def encoded_size(image_bytes: tf.Tensor):
+    """The (height, width) an encoded image declares in its header, read without
+    decoding it: JPEG's start of frame, PNG's IHDR, GIF's logical screen, BMP's
+    info header. int64 scalars; (-1, -1) where the header is missing or cut short."""
+    data = image_bytes + _PAD
+    length = tf.cast(tf.strings.length(image_bytes), tf.int64)
+    head = _bytes(data, 0, 26)
+
+    def number(start, n, big_endian):
+        value = tf.constant(0, tf.int64)
+        for k in (range(n) if big_endian else reversed(range(n))):
+            value = value * 256 + head[start + k]
+        return value
+
+    def bmp():
+        height = number(22, 4, False)
+        return tf.where(height >= 2 ** 31, 2 ** 32 - height, height), number(18, 4, False)  # top-down: -h
+
+    starts = lambda magic: tf.equal(tf.strings.substr(image_bytes, 0, len(magic)), magic)  # noqa: E731
+    none = tf.constant(-1, tf.int64)
+    return tf.case([(starts(b"\x89PNG") & (length >= 24), lambda: (number(20, 4, True), number(16, 4, True))),
+                    (starts(b"GIF8") & (length >= 10), lambda: (number(8, 2, False), number(6, 2, False))),
+                    (starts(b"BM") & (length >= 26), bmp),
+                    (starts(b"\xff\xd8\xff"), lambda: _jpeg_size(data, length))],
+                   default=lambda: (none, none))
+
+
+def _jpeg_scale(height, width, min_size) -> tf.Tensor:
+    # k for the coarsest DCT scale 1/2^k (k <= 3) that keeps the image at or above
+    # min_size: a 12 MP photo for a 224 px model decodes at 1/8 (504x378), and nothing
+    # is ever held at full resolution.
+    k = tf.constant(0, tf.int32)
+    for j in (1, 2, 3):
+        r = 2 ** j
+        fits = ((height + r - 1) // r >= min_size[0]) & ((width + r - 1) // r >= min_size[1])
+        k = tf.where(fits, tf.constant(j, tf.int32), k)
+    return k
+
+
+def decode_image(image_bytes: tf.Tensor, channels: int = 3, label="image",
+                 max_pixels: int = DEFAULT_MAX_PIXELS, min_size=None) -> tf.Tensor:
     """Decodes one encoded image to uint8 `[H, W, channels]`.
 
     Grayscale becomes RGB and an alpha channel is dropped. The first frame of a
-    GIF is used. Bytes that are no image raise InvalidArgumentError whose message
-    starts with `label` (a string or scalar string tensor, e.g. "image_bytes[3]").
+    GIF is used. The size the header declares is checked before anything is decoded:
+    bytes that are no image, a header with no size (cut short), or more than
+    `max_pixels` raise InvalidArgumentError whose message starts with `label` (a
+    string or scalar string tensor, e.g. "image_bytes[3]"), as does a body that does
+    not decode whole (truncated or corrupt).
+
+    With `min_size` (height, width), a JPEG is decoded at the coarsest of libjpeg's
+    1/2, 1/4 and 1/8 scales that keeps it at least that large.
     """
-    message = tf.strings.join([label, " (", tf.strings.as_string(tf.strings.length(image_bytes)),
-                               " bytes) is not a JPEG, PNG, GIF or BMP image"])
-    check = tf.debugging.Assert(is_supported_image(image_bytes), [message])
+    length = tf.strings.as_string(tf.strings.length(image_bytes))
+    check = tf.debugging.Assert(is_supported_image(image_bytes), [
+        tf.strings.join([label, " (", length, " bytes) is not a JPEG, PNG, GIF or BMP image"])])
     with tf.control_dependencies([check]):
-        image = tf.io.decode_image(image_bytes, channels=0, expand_animations=False)
+        height, width = encoded_size(image_bytes)
+    size = tf.strings.join([tf.strings.as_string(height), "x", tf.strings.as_string(width)])
+    readable = tf.debugging.Assert((height > 0) & (width > 0), [
+        tf.strings.join([label, " (", length, " bytes) declares no image size in its header "
+                         "(cut short or corrupt)"])])
+    bounded = tf.debugging.Assert(height * width <= max_pixels, [
+        tf.strings.join([label, " is ", size, f", over the {max_pixels:,}-pixel limit"])])
+    with tf.control_dependencies([readable, bounded]):
+        if min_size is None:
+            image = tf.io.decode_image(image_bytes, channels=0, expand_animations=False)
+        else:
+            scale = _jpeg_scale(height, width, image_hw(min_size))
+            image = tf.cond(
+                tf.strings.substr(image_bytes, 0, 3) == b"\xff\xd8\xff",
+                lambda: tf.switch_case(scale, [lambda r=r: tf.io.decode_jpeg(image_bytes, ratio=r)
+                                               for r in (1, 2, 4, 8)]),
+                lambda: tf.io.decode_image(image_bytes, channels=0, expand_animations=False))
     image = tf.ensure_shape(image, [None, None, None])
     depth = tf.shape(image)[-1]
     if channels == 3:
@@ -60,20 +154,24 @@ def eval_image(image: tf.Tensor, image_size) -> tf.Tensor:
     return to_model_range(image)
 
 
-def decode_for_eval(image_bytes: tf.Tensor, image_size, channels: int = 3, label="image") -> tf.Tensor:
-    """Encoded bytes (scalar) -> `[h, w, channels]` float32 in [-1, 1]."""
-    return eval_image(decode_image(image_bytes, channels, label), image_size)
+def decode_for_eval(image_bytes: tf.Tensor, image_size, channels: int = 3, label="image",
+                    max_pixels: int = DEFAULT_MAX_PIXELS) -> tf.Tensor:
+    """Encoded bytes (scalar) -> `[h, w, channels]` float32 in [-1, 1]; a large JPEG is
+    decoded at a reduced scale first (see `decode_image`). Serving and the evaluation
+    input both take this function, so they compute the same."""
+    image = decode_image(image_bytes, channels, label, max_pixels=max_pixels, min_size=image_size)
+    return eval_image(image, image_size)
 
 
 def decode_batch_for_eval(image_bytes: tf.Tensor, image_size, channels: int = 3,
-                          input_name: str = "image_bytes") -> tf.Tensor:
+                          input_name: str = "image_bytes", max_pixels: int = DEFAULT_MAX_PIXELS) -> tf.Tensor:
     """`[N]` encoded images -> `[N, h, w, channels]` float32; a bad one is named by its index."""
     size = image_hw(image_size)
 
     def one(args):
         data, index = args
         label = tf.strings.join([f"{input_name}[", tf.strings.as_string(index), "]"])
-        return decode_for_eval(data, size, channels, label)
+        return decode_for_eval(data, size, channels, label, max_pixels)
 
     n = tf.shape(image_bytes)[0]
     return tf.map_fn(one, (image_bytes, tf.range(n)),

@@ -470,6 +470,11 @@ def test_serving_matches_the_training_input_pipeline(exported, tmp_path):
             file = folder / f"{i}.{fmt.lower().replace('jpeg', 'jpg')}"
             file.write_bytes(encode(rng.randint(0, 256, shape, dtype=np.uint8), fmt))
             files.append(file)
+    # A 12 MP phone-size photo: both decode it at 1/8 scale (504x378), then resize.
+    y, x = np.ogrid[0:3024, 0:4032]
+    photo = np.stack(np.broadcast_arrays((x // 16) % 256, (y // 12) % 256, (x + y) // 28 % 256), -1)
+    files.append(tmp_path / "test" / "a" / "phone.jpg")
+    files[-1].write_bytes(encode(photo.astype(np.uint8), "JPEG"))
     source = data.open_source(image_dir=str(tmp_path))
     names, images = [], []
     for ex in source.raw("test"):
