@@ -27,6 +27,7 @@ import dataclasses
 import functools
 import hashlib
 import io
+import warnings
 from collections import defaultdict
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
@@ -56,26 +57,39 @@ class DedupConfig:
     seed: int = 0
 
 
+def _decoded(image_bytes: bytes, name: str, mode: str) -> np.ndarray:
+    # The pixel bound of the serving graph and the training input, checked on the size
+    # the header declares before PIL decodes anything; PIL's own bomb check is set from
+    # the same number. A truncated file is an error (PIL's LOAD_TRUNCATED_IMAGES stays off).
+    from PIL import Image
+
+    from keras_vit.preprocessing import DEFAULT_MAX_PIXELS
+
+    Image.MAX_IMAGE_PIXELS = DEFAULT_MAX_PIXELS
+    try:
+        with warnings.catch_warnings():  # PIL warns past its bound; the check below refuses
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            im = Image.open(io.BytesIO(image_bytes))
+        with im:
+            width, height = im.size
+            if width * height > DEFAULT_MAX_PIXELS:
+                raise BadImageError(
+                    f"{name} is {height}x{width}, over the {DEFAULT_MAX_PIXELS:,}-pixel limit")
+            return np.asarray(im.convert(mode))
+    except BadImageError:
+        raise
+    except Exception as e:  # noqa: BLE001  (PIL raises many types, its bomb error included)
+        raise BadImageError(f"{name}: cannot decode image ({len(image_bytes)} bytes): {e}") from e
+
+
 def decode_gray(image_bytes: bytes, name: str = "image") -> np.ndarray:
     """Encoded bytes -> float32 grayscale `[H, W]` in [0, 255]."""
-    from PIL import Image, UnidentifiedImageError
-
-    try:
-        with Image.open(io.BytesIO(image_bytes)) as im:
-            return np.asarray(im.convert("L"), dtype=np.float32)
-    except (UnidentifiedImageError, OSError, ValueError) as e:
-        raise BadImageError(f"{name}: cannot decode image ({len(image_bytes)} bytes): {e}") from e
+    return _decoded(image_bytes, name, "L").astype(np.float32)
 
 
 def pixel_hash(image_bytes: bytes, name: str = "image") -> str:
     """A hash of the decoded RGB pixels and shape: equal for exact copies however encoded."""
-    from PIL import Image
-
-    try:
-        with Image.open(io.BytesIO(image_bytes)) as im:
-            rgb = np.asarray(im.convert("RGB"))
-    except Exception as e:  # noqa: BLE001  (PIL raises many types)
-        raise BadImageError(f"{name}: cannot decode image ({len(image_bytes)} bytes): {e}") from e
+    rgb = _decoded(image_bytes, name, "RGB")
     return hashlib.sha256(str(rgb.shape).encode() + rgb.tobytes()).hexdigest()
 
 

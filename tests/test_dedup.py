@@ -57,6 +57,24 @@ def test_corrupt_bytes_name_the_record():
         dedup.find_near_duplicates([good], [b"\x89PNG\r\n\x1a\nbroken"])
 
 
+def test_an_image_over_the_pixel_bound_or_cut_short_is_a_bad_record():
+    import struct
+    import zlib
+
+    from keras_vit.preprocessing import DEFAULT_MAX_PIXELS
+
+    good = png(np.zeros((8, 8), np.uint8))
+    bomb = bytearray(good)
+    bomb[16:24] = struct.pack(">II", 20000, 20000)  # IHDR: what the header declares
+    bomb[29:33] = struct.pack(">I", zlib.crc32(bytes(bomb[12:29])))  # with its checksum right
+    with pytest.raises(dedup.BadImageError, match=f"train record 7 is 20000x20000, over the "
+                                                  f"{DEFAULT_MAX_PIXELS:,}-pixel limit"):
+        dedup.pixel_hash(bytes(bomb), "train record 7")
+    photo = png(np.random.RandomState(0).randint(0, 256, (64, 64, 3), np.uint8))
+    with pytest.raises(dedup.BadImageError, match="train record 8: cannot decode image"):
+        dedup.decode_gray(photo[:len(photo) // 2], "train record 8")
+
+
 def test_empty_inputs_and_flat_images():
     assert dedup.find_near_duplicates([], []) == []
     flat = png(np.full((8, 8), 7, np.uint8))
