@@ -68,6 +68,12 @@ class Pretrained:
     labels: Optional[str] = None
     representation_size: Optional[int] = None
 
+    def __post_init__(self):
+        # Every model here takes [-1, 1] (`keras_vit.preprocessing.to_model_range`); an
+        # entry with another convention would need its own preprocessing first.
+        if self.inputs != "[-1, 1]":
+            raise ValueError(f"{self.name}: inputs {self.inputs!r}; keras_vit models take [-1, 1]")
+
     @property
     def on_hub(self) -> bool:
         return self.file.startswith("hf://")
