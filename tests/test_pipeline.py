@@ -236,7 +236,8 @@ def test_flags_that_cannot_train_stop_the_run_before_any_component(tmp_path):
     assert proc.returncode == 1, proc.stderr[-4000:]
     assert "bad training config:\n  recipe 'pretrain': batch_size must be a whole number >= 1" in proc.stderr
     assert "\n  model 'ViT-X/16': unknown model 'ViT-X/16'" in proc.stderr
-    assert f"\n  weights {missing} not found\nPass --helpshort" in proc.stderr
+    assert (f"\n  weights {missing} not found (nor a pretrained name: python -m keras_vit.zoo --pretrained)"
+            "\nPass --helpshort") in proc.stderr
     assert "Traceback" not in proc.stderr and not (tmp_path / "root").exists()
 
 
