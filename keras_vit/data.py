@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import fcntl
 import os
+import sys
 import zlib
 from typing import Dict, List, Optional, Sequence
 
@@ -337,14 +338,35 @@ def labels(source, split: str) -> np.ndarray:
 
 
 class DataStats:
-    """Counts records dropped by `skip_bad_records=True`."""
+    """The bad records `skip_bad_records=True` dropped, each once however many passes
+    met it (a training split is read again every epoch)."""
 
     def __init__(self):
-        self.skipped = tf.Variable(0, dtype=tf.int64, trainable=False)
+        self._seen = tf.lookup.experimental.MutableHashTable(tf.string, tf.int64, default_value=0)
+
+    def add(self, problem: tf.Tensor) -> tf.Tensor:
+        """Records one bad record's problem (scalar string); returns an op."""
+        return self._seen.insert(problem, tf.constant(1, tf.int64))
 
     @property
     def skipped_count(self) -> int:
-        return int(self.skipped.numpy())
+        return int(self._seen.size().numpy())
+
+    @property
+    def skipped(self) -> List[str]:
+        """What was wrong with each skipped record (it starts with the record's name), sorted."""
+        keys, _ = self._seen.export()
+        return sorted(k.decode("utf-8", "replace") for k in keys.numpy())
+
+
+def bad_record(error: Exception) -> Optional[str]:
+    """What `make_dataset` said of a bad record, from the error that reached its reader
+    (model.fit, a loop over the dataset), or None for any other error."""
+    import re
+
+    found = re.search(r"(?:assertion failed: \[|Summarized data: b')(.+? record .+?)(?:\]|')\n",
+                      str(error) + "\n")
+    return found.group(1) if isinstance(error, tf.errors.InvalidArgumentError) and found else None
 
 
 def make_dataset(
@@ -369,10 +391,10 @@ def make_dataset(
     Training: shuffled and repeated forever, Inception crop and flip, full batches.
     Evaluation: one pass in order, of known length, resize only, the last batch may be short.
 
-    A record that is not an image, or whose label is out of range, raises
-    InvalidArgumentError naming the record; with `skip_bad_records` it is dropped and
-    counted in `stats.skipped` (a decode failure past the format check is dropped
-    and logged by `ignore_errors`).
+    A bad record raises InvalidArgumentError naming it and saying what is wrong: an
+    image that `preprocessing.try_decode_image` refuses (not an image, over the pixel
+    bound, truncated or corrupt), or a label out of range. With `skip_bad_records` it
+    is dropped instead, printed to stderr and recorded in `stats`.
 
     `examples`: for evaluation, the positions in `split` (as `labels` orders it) of the
     only records to read, e.g. the ones a few-shot evaluation draws; they come in
@@ -404,48 +426,66 @@ def make_dataset(
         ds = ds.enumerate().filter(kept).map(record)
     if cache:
         ds = ds.cache()
-    if skip_bad_records:
-        stats = stats or DataStats()
-
-        def valid(ex):
-            label = tf.cast(ex[source.label_key], tf.int64)
-            ok = preprocessing.is_supported_image(ex[source.image_key]) & (label >= 0) & (label < num_classes)
-            with tf.control_dependencies([tf.cond(ok, lambda: stats.skipped + 0,
-                                                  lambda: stats.skipped.assign_add(1))]):
-                return tf.identity(ok)
-
-        ds = ds.filter(valid)
     if training:
-        ds = ds.shuffle(shuffle_buffer, seed=seed, reshuffle_each_iteration=True).repeat()
-    elif not skip_bad_records and ds.cardinality() == tf.data.UNKNOWN_CARDINALITY:
+        ds = ds.shuffle(shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
+    elif ds.cardinality() == tf.data.UNKNOWN_CARDINALITY:
         # A TFRecord read has no known length, and Keras then ends every evaluate and
         # predict over it with "Your input ran out of data; interrupting training".
         # The count is known (and checked: a wrong one fails the pass).
         ds = ds.apply(tf.data.experimental.assert_cardinality(
             source.num_examples(split) if count is None else count))
 
-    def prepare(index, ex):
+    def decode(ex):
         record = tf.strings.join([f"{source.name} {split} record ", tf.strings.as_string(ex[source.id_key])])
         label = tf.cast(ex[source.label_key], tf.int64)
-        check = tf.debugging.Assert(
-            (label >= 0) & (label < num_classes),
-            [tf.strings.join([record, ": label ", tf.strings.as_string(label),
-                              f" is outside [0, {num_classes})"])])
-        with tf.control_dependencies([check]):
-            if training:
-                image = preprocessing.train_image(
-                    preprocessing.decode_image(ex[source.image_key], channels, label=record), size,
-                    tf.stack([tf.cast(seed, tf.int64), index]), area_range=crop_area)
-            else:  # as the exported serving graph computes it
-                image = preprocessing.decode_for_eval(ex[source.image_key], size, channels, label=record)
-        return tf.ensure_shape(image, [*size, channels]), tf.cast(label, tf.int32)
+        # Training decodes at full size and crops; evaluation decodes as the exported
+        # serving graph does (a large JPEG at a reduced scale).
+        image, problem = preprocessing.try_decode_image(ex[source.image_key], channels, label=record,
+                                                        min_size=None if training else size)
+        problem = tf.where((label >= 0) & (label < num_classes), problem, tf.strings.join(
+            [record, ": label ", tf.strings.as_string(label), f" is outside [0, {num_classes})"]))
+        if not skip_bad_records:
+            with tf.control_dependencies([tf.debugging.Assert(tf.equal(problem, ""), [problem])]):
+                problem = tf.identity(problem)
+        return image, tf.cast(label, tf.int32), problem
+
+    if skip_bad_records:
+        stats = stats or DataStats()
+
+    def counted(image, label, problem):
+        # Sequential after the parallel map, so each drop is recorded before the next
+        # record is read.
+        bad = tf.not_equal(problem, "")
+
+        def skip():
+            with tf.control_dependencies([stats.add(problem)]):
+                tf.print(tf.strings.join(["skipping a bad record: ", problem]), output_stream=sys.stderr)
+            return tf.constant(0)
+
+        with tf.control_dependencies([tf.cond(bad, skip, lambda: tf.constant(0))]):
+            return tf.logical_not(bad)
+
+    def prepare(index, example):
+        image, label = example
+        if training:
+            image = preprocessing.train_image(image, size, tf.stack([tf.cast(seed, tf.int64), index]),
+                                              area_range=crop_area)
+        else:
+            image = preprocessing.eval_image(image, size)
+        return tf.ensure_shape(image, [*size, channels]), label
 
     # Evaluation keeps the records' order (results line up with ids); training may
     # trade order for speed unless `deterministic`.
     ordered = deterministic or not training
-    ds = ds.enumerate().map(prepare, num_parallel_calls=AUTOTUNE, deterministic=ordered)
+    ds = ds.map(decode, num_parallel_calls=AUTOTUNE, deterministic=ordered)
     if skip_bad_records:
-        ds = ds.ignore_errors(log_warning=True)
+        ds = ds.filter(counted)
+    ds = ds.map(lambda image, label, problem: (image, label))
+    if training:
+        # After the filter: a split whose every record is bad then ends instead of
+        # being read forever. The crop's seed counts records across passes.
+        ds = ds.repeat()
+    ds = ds.enumerate().map(prepare, num_parallel_calls=AUTOTUNE, deterministic=ordered)
     ds = ds.batch(batch_size, drop_remainder=training, num_parallel_calls=AUTOTUNE, deterministic=ordered)
     options = tf.data.Options()
     options.deterministic = ordered

@@ -93,42 +93,31 @@ def _jpeg_scale(height, width, min_size) -> tf.Tensor:
     return k
 
 
-def decode_image(image_bytes: tf.Tensor, channels: int = 3, label="image",
-                 max_pixels: int = DEFAULT_MAX_PIXELS, min_size=None) -> tf.Tensor:
-    """Decodes one encoded image to uint8 `[H, W, channels]`.
+def _decode_body(image_bytes: tf.Tensor, height, width, min_size) -> tf.Tensor:
+    if min_size is None:
+        return tf.io.decode_image(image_bytes, channels=0, expand_animations=False)
+    scale = _jpeg_scale(height, width, image_hw(min_size))
+    return tf.cond(
+        tf.strings.substr(image_bytes, 0, 3) == b"\xff\xd8\xff",
+        lambda: tf.switch_case(scale, [lambda r=r: tf.io.decode_jpeg(image_bytes, ratio=r)
+                                       for r in (1, 2, 4, 8)]),
+        lambda: tf.io.decode_image(image_bytes, channels=0, expand_animations=False))
 
-    Grayscale becomes RGB and an alpha channel is dropped. The first frame of a
-    GIF is used. The size the header declares is checked before anything is decoded:
-    bytes that are no image, a header with no size (cut short), or more than
-    `max_pixels` raise InvalidArgumentError whose message starts with `label` (a
-    string or scalar string tensor, e.g. "image_bytes[3]"), as does a body that does
-    not decode whole (truncated or corrupt).
 
-    With `min_size` (height, width), a JPEG is decoded at the coarsest of libjpeg's
-    1/2, 1/4 and 1/8 scales that keeps it at least that large.
-    """
-    length = tf.strings.as_string(tf.strings.length(image_bytes))
-    check = tf.debugging.Assert(is_supported_image(image_bytes), [
-        tf.strings.join([label, " (", length, " bytes) is not a JPEG, PNG, GIF or BMP image"])])
-    with tf.control_dependencies([check]):
-        height, width = encoded_size(image_bytes)
-    size = tf.strings.join([tf.strings.as_string(height), "x", tf.strings.as_string(width)])
-    readable = tf.debugging.Assert((height > 0) & (width > 0), [
-        tf.strings.join([label, " (", length, " bytes) declares no image size in its header "
-                         "(cut short or corrupt)"])])
-    bounded = tf.debugging.Assert(height * width <= max_pixels, [
-        tf.strings.join([label, " is ", size, f", over the {max_pixels:,}-pixel limit"])])
-    with tf.control_dependencies([readable, bounded]):
-        if min_size is None:
-            image = tf.io.decode_image(image_bytes, channels=0, expand_animations=False)
-        else:
-            scale = _jpeg_scale(height, width, image_hw(min_size))
-            image = tf.cond(
-                tf.strings.substr(image_bytes, 0, 3) == b"\xff\xd8\xff",
-                lambda: tf.switch_case(scale, [lambda r=r: tf.io.decode_jpeg(image_bytes, ratio=r)
-                                               for r in (1, 2, 4, 8)]),
-                lambda: tf.io.decode_image(image_bytes, channels=0, expand_animations=False))
-    image = tf.ensure_shape(image, [None, None, None])
+def _decoded_or_none(image_bytes: tf.Tensor, height, width, min_size):
+    # TF's decoders fail a corrupt or truncated body with an op error ("jpeg::Uncompress
+    # failed") that names no record and that no graph op can catch. A one-element
+    # dataset with ignore_errors can: the decode runs inside it, and a failure leaves
+    # only the fallback element, so the caller gets a flag to name or count.
+    def decode(data):
+        return tf.ensure_shape(_decode_body(data, height, width, min_size), [None, None, None]), True
+
+    decoded = tf.data.Dataset.from_tensors(image_bytes).map(decode).ignore_errors()
+    failed = tf.data.Dataset.from_tensors((tf.zeros([0, 0, 1], tf.uint8), False))
+    return decoded.concatenate(failed).take(1).get_single_element()
+
+
+def _to_channels(image: tf.Tensor, channels: int) -> tf.Tensor:
     depth = tf.shape(image)[-1]
     if channels == 3:
         image = tf.cond(depth == 1, lambda: tf.image.grayscale_to_rgb(image), lambda: image[..., :3])
@@ -137,6 +126,53 @@ def decode_image(image_bytes: tf.Tensor, channels: int = 3, label="image",
     else:
         raise ValueError(f"channels must be 1 or 3, got {channels}")
     return tf.ensure_shape(image, [None, None, channels])
+
+
+def try_decode_image(image_bytes: tf.Tensor, channels: int = 3, label="image",
+                     max_pixels: int = DEFAULT_MAX_PIXELS, min_size=None):
+    """Decodes one encoded image, or says why it cannot: `(image, problem)`.
+
+    `image` is uint8 `[H, W, channels]` (grayscale becomes RGB, an alpha channel is
+    dropped, a GIF gives its first frame); `problem` is a scalar string, empty for a
+    good image, else a sentence starting with `label` (a string or scalar string
+    tensor, e.g. "image_bytes[3]"), and `image` is then `[0, 0, channels]`. An image
+    is bad when its bytes are no JPEG, PNG, GIF or BMP; when its header declares no
+    size (cut short) or more than `max_pixels`, both read before anything is decoded;
+    or when its body does not decode whole (truncated or corrupt): a bad image never
+    yields invented pixels. BMP pixels carry no check, so a BMP is bad only when short.
+
+    With `min_size` (height, width), a JPEG is decoded at the coarsest of libjpeg's
+    1/2, 1/4 and 1/8 scales that keeps it at least that large.
+    """
+    image_bytes = tf.convert_to_tensor(image_bytes, tf.string)
+    length = tf.strings.as_string(tf.strings.length(image_bytes))
+    height, width = encoded_size(image_bytes)
+    size = tf.strings.join([tf.strings.as_string(height), "x", tf.strings.as_string(width)])
+    header_problem = tf.case([
+        (~is_supported_image(image_bytes),
+         lambda: tf.strings.join([label, " (", length, " bytes) is not a JPEG, PNG, GIF or BMP image"])),
+        ((height <= 0) | (width <= 0),
+         lambda: tf.strings.join([label, " (", length, " bytes) declares no image size in its header "
+                                  "(cut short or corrupt)"])),
+        (height * width > max_pixels,
+         lambda: tf.strings.join([label, " is ", size, f", over the {max_pixels:,}-pixel limit"]))],
+        default=lambda: tf.constant(""))
+    none = tf.zeros([0, 0, 1], tf.uint8)
+    image, ok = tf.cond(tf.equal(header_problem, ""),
+                        lambda: _decoded_or_none(image_bytes, height, width, min_size),
+                        lambda: (none, tf.constant(False)))
+    problem = tf.where(ok | tf.not_equal(header_problem, ""), header_problem, tf.strings.join(
+        [label, " (", length, " bytes, ", size, ") does not decode: its body is truncated or corrupt"]))
+    return _to_channels(image, channels), problem
+
+
+def decode_image(image_bytes: tf.Tensor, channels: int = 3, label="image",
+                 max_pixels: int = DEFAULT_MAX_PIXELS, min_size=None) -> tf.Tensor:
+    """Decodes one encoded image to uint8 `[H, W, channels]`, as `try_decode_image`;
+    a bad image raises InvalidArgumentError with its `problem`."""
+    image, problem = try_decode_image(image_bytes, channels, label, max_pixels, min_size)
+    with tf.control_dependencies([tf.debugging.Assert(tf.equal(problem, ""), [problem])]):
+        return tf.identity(image)
 
 
 def to_model_range(image: tf.Tensor) -> tf.Tensor:

@@ -102,10 +102,19 @@ def main(argv):
         fewshot_shots=tuple(int(k) for k in FLAGS.fewshot_shots),
         # A progress bar redraws itself with escape codes: a log file gets one line per chunk.
         verbose=1 if sys.stdout.isatty() else 2)
+    import tensorflow as tf
+
+    from keras_vit.data import bad_record
+
     try:
         summary = train(cfg)
     except ConfigError as e:
         exit_for_bad_config(str(e))
+    except tf.errors.InvalidArgumentError as e:
+        if bad_record(e) is None:
+            raise
+        sys.exit(f"bad record: {bad_record(e)}\n"
+                 "--skip_bad_records drops and counts bad training records instead.")
     model = summary.pop("model_obj")
     paths = summary["paths"]
     print(f"eval {summary['eval_split']}: top-1 {summary['eval_top1']:.4f}, top-5 {summary['eval_top5']:.4f} "

@@ -157,6 +157,40 @@ def make_image_folder(root, corrupt=False):
     return str(root)
 
 
+def write_bad_images(folder) -> dict:
+    """One file of each kind of bad image into `folder` (a pathlib.Path): no image magic,
+    a corrupt body behind a valid header, a truncated file, and a header declaring more
+    pixels than the default bound. Returns {file name: what the error must say}."""
+    import io
+    import struct
+
+    from PIL import Image
+
+    y, x = np.mgrid[0:96, 0:128]
+    photo = np.stack([x * 2, y * 2, (x + y)], -1).astype(np.uint8)
+    buffer = io.BytesIO()
+    Image.fromarray(photo).save(buffer, "JPEG", quality=90)
+    jpeg = buffer.getvalue()
+    scan = jpeg.index(b"\xff\xda")
+    body = scan + 2 + jpeg[scan + 2] * 256 + jpeg[scan + 3]
+    buffer = io.BytesIO()
+    Image.fromarray(photo).save(buffer, "PNG")
+    huge = bytearray(buffer.getvalue())
+    huge[16:24] = struct.pack(">II", 20000, 20000)  # IHDR's width and height
+    files = {
+        "notes.jpg": (b"a text file saved as .jpg", r"\(25 bytes\) is not a JPEG, PNG, GIF or BMP image"),
+        "corrupt.jpg": (jpeg[:body] + np.random.RandomState(0).bytes(len(jpeg) - body),
+                        r"96x128\) does not decode: its body is truncated or corrupt"),
+        "truncated.jpg": (jpeg[:len(jpeg) // 3],
+                          r"96x128\) does not decode: its body is truncated or corrupt"),
+        "huge.png": (bytes(huge), r"is 20000x20000, over the 200,000,000-pixel limit"),
+    }
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, (data, _) in files.items():
+        (folder / name).write_bytes(data)
+    return {name: message for name, (_, message) in files.items()}
+
+
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that nothing listens on now."""
     import socket

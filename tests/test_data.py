@@ -2,6 +2,7 @@
 
 import fcntl
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -13,7 +14,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 import tensorflow_datasets as tfds
-from conftest import make_image_folder, write_idx
+from conftest import make_image_folder, write_bad_images, write_idx
 from PIL import Image
 
 from keras_vit import data, fashion_mnist, preprocessing
@@ -175,17 +176,33 @@ def test_an_image_folder_split_without_some_classes_is_warned_of(tmp_path, caplo
     assert data.warn_missing_classes("x", ["a", "b"], {"train": {"a", "b"}}) == {}
 
 
-def test_bad_image_is_named_or_skipped_and_counted(tmp_path):
-    source = data.open_source(image_dir=make_image_folder(tmp_path, corrupt=True))
-    ds = data.make_dataset(source, "train", image_size=16, batch_size=13, training=False)
-    with pytest.raises(tf.errors.InvalidArgumentError,
-                       match=r"train record .*broken.jpg \(18 bytes\) is not a JPEG"):
-        list(ds)
+def test_each_kind_of_bad_image_is_named_or_skipped_and_counted(tmp_path, capfd):
+    root = make_image_folder(tmp_path)
+    bad = write_bad_images(tmp_path / "train" / "dog")
+    source = data.open_source(image_dir=root)
+    for training in (False, True):
+        ds = data.make_dataset(source, "train", image_size=16, batch_size=4, training=training)
+        with pytest.raises(tf.errors.InvalidArgumentError,
+                           match=r"image_folder:\S+ train record train/dog/(" + "|".join(bad) + ")"):
+            for _ in ds.take(20):
+                pass
+    capfd.readouterr()
     stats = data.DataStats()
-    ds = data.make_dataset(source, "train", image_size=16, batch_size=13, training=False,
+    ds = data.make_dataset(source, "train", image_size=16, batch_size=5, training=False,
                            skip_bad_records=True, stats=stats)
     assert sum(int(b[1].shape[0]) for b in ds) == 12
-    assert stats.skipped_count == 1
+    assert stats.skipped_count == len(bad) == 4
+    printed = capfd.readouterr().err
+    for name, message in bad.items():
+        line = rf"skipping a bad record: \S+ train record train/dog/{name}\b.*{message}"
+        assert re.search(line, printed), name
+    assert [m.split(" train record train/dog/")[1].split(" ")[0] for m in stats.skipped] == sorted(bad)
+    # Training reads the split again and again; each bad record counts once.
+    stats = data.DataStats()
+    ds = data.make_dataset(source, "train", image_size=16, batch_size=4, training=True,
+                           skip_bad_records=True, stats=stats)
+    list(ds.take(9))  # 36 good images: three passes over the 12
+    assert stats.skipped_count == 4
 
 
 def test_command_line_logging_prints_tensorflow_records_once_and_hides_info():

@@ -87,6 +87,13 @@ def test_truncated_and_lying_files_are_errors_never_invented_pixels():
             preprocessing.decode_image(tf.constant(data), label=what)
         if what == "cut before its size":
             assert "cut before its size (20 bytes) declares no image size in its header" in str(e.value)
+        elif what != "a PNG whose header lies":
+            assert f"{what} ({len(data)} bytes, 300x400) does not decode: its body is truncated or corrupt" \
+                in str(e.value)
+        image, problem = preprocessing.try_decode_image(tf.constant(data), label=what)
+        assert problem.numpy().decode().startswith(what) and image.shape == (0, 0, 3)
+    image, problem = preprocessing.try_decode_image(tf.constant(jpeg))
+    assert problem.numpy() == b"" and image.shape == (300, 400, 3)
 
 
 def test_a_large_jpeg_is_decoded_at_the_coarsest_scale_that_keeps_the_input_size():

@@ -18,7 +18,7 @@ import pytest
 import tensorflow as tf
 
 import bf16_bounds
-from conftest import TINY_OVERRIDES, small_run, train_command
+from conftest import TINY_OVERRIDES, make_image_folder, small_run, train_command, write_bad_images
 
 import keras_vit
 from keras_vit import ViTConfig, data
@@ -248,6 +248,18 @@ def test_the_cli_reports_a_bad_config_in_its_own_words(tmp_path):
     assert "flag --model_overrides=[4]: must be a JSON object of config fields" in proc.stderr
 
 
+def test_the_cli_names_a_bad_record_without_a_traceback(tmp_path):
+    root = make_image_folder(tmp_path / "images")
+    bad = write_bad_images(tmp_path / "images" / "train" / "cat")
+    env = {**os.environ, "PYTHONPATH": ROOT}
+    proc = subprocess.run(train_command(tmp_path / "run", 2, [f"--image_dir={root}", "--dataset="]), env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert re.search(r"\nbad record: image_folder:\S+ train record train/cat/(" + "|".join(bad) + r") .*\n"
+                     "--skip_bad_records drops and counts bad training records instead.\n$", proc.stderr)
+    assert "Traceback" not in proc.stderr
+
+
 def test_another_run_is_not_resumed_from_a_checkpoint_it_did_not_write(fake_fmnist, tmp_path):
     cfg = small_run(tmp_path / "run", data_dir=fake_fmnist)
     first = train(cfg)
@@ -283,16 +295,22 @@ def test_skipping_bad_records_trains_on_the_rest_and_fails_when_none_is_left(tmp
         for label in ("a", "b"):
             folder = tmp_path / "images" / split / label
             folder.mkdir(parents=True)
-            if split == "train":  # skipping is for training records only
-                (folder / "broken.jpg").write_bytes(b"not a jpeg")
             for i in range(4):
                 Image.new("RGB", (28, 28), (60 * i, 0, 0)).save(folder / f"{i}.jpg")
-    cfg = small_run(tmp_path / "run", dataset=None, image_dir=str(tmp_path / "images"),
-                    skip_bad_records=True)
+    bad = write_bad_images(tmp_path / "images" / "train" / "a")  # skipping is for training records only
+    cfg = small_run(tmp_path / "run", dataset=None, image_dir=str(tmp_path / "images"))
+    with pytest.raises(tf.errors.InvalidArgumentError,
+                       match=r"train record train/a/(" + "|".join(bad) + r")\b"):
+        train(cfg)
+    cfg = dataclasses.replace(cfg, output_dir=str(tmp_path / "run_skip"), skip_bad_records=True)
     summary = train(cfg)
-    assert summary["steps"] == 4 and summary["skipped_records"] >= 2
+    # 4 steps of 8 read the split four times over; each bad file counts once.
+    assert summary["steps"] == 4 and summary["skipped_records"] == len(bad) == 4
+    assert [re.search(r"train/a/(\S+) ", m).group(1) for m in summary["bad_records"]] == sorted(bad)
+    written = json.loads((tmp_path / "run_skip" / "metrics.json").read_text())
+    assert written["skipped_records"] == 4 and written["bad_records"] == summary["bad_records"]
     for path in (tmp_path / "images" / "train").glob("*/*.jpg"):
-        if path.name != "broken.jpg":
+        if path.name not in bad:
             path.unlink()
     cfg = dataclasses.replace(cfg, output_dir=str(tmp_path / "run_none_left"))
 

@@ -311,6 +311,7 @@ def train(cfg: TrainConfig, source=None, build_model=None) -> dict:
                "params": model.count_params(), "dataset": source.name, "eval_split": eval_split,
                "steps": total_updates, "batch_size": recipe.batch_size, "precision": policy,
                "train_seconds": round(seconds, 1), "skipped_records": stats.skipped_count,
+               "bad_records": stats.skipped,
                **{f"eval_{k}": v for k, v in results.items()}, "paths": paths}
     if fewshot is not None and fewshot.last is not None:
         summary["fewshot"] = fewshot.last["fewshot"]
