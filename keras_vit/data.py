@@ -442,7 +442,7 @@ def make_dataset(
         # serving graph does (a large JPEG at a reduced scale).
         image, problem = preprocessing.try_decode_image(ex[source.image_key], channels, label=record,
                                                         min_size=None if training else size)
-        problem = tf.where((label >= 0) & (label < num_classes), problem, tf.strings.join(
+        problem = tf.cond((label >= 0) & (label < num_classes), lambda: problem, lambda: tf.strings.join(
             [record, ": label ", tf.strings.as_string(label), f" is outside [0, {num_classes})"]))
         if not skip_bad_records:
             with tf.control_dependencies([tf.debugging.Assert(tf.equal(problem, ""), [problem])]):
@@ -466,7 +466,7 @@ def make_dataset(
             return tf.logical_not(bad)
 
     def prepare(index, example):
-        image, label = example
+        image, label, _ = example
         if training:
             image = preprocessing.train_image(image, size, tf.stack([tf.cast(seed, tf.int64), index]),
                                               area_range=crop_area)
@@ -480,7 +480,6 @@ def make_dataset(
     ds = ds.map(decode, num_parallel_calls=AUTOTUNE, deterministic=ordered)
     if skip_bad_records:
         ds = ds.filter(counted)
-    ds = ds.map(lambda image, label, problem: (image, label))
     if training:
         # After the filter: a split whose every record is bad then ends instead of
         # being read forever. The crop's seed counts records across passes.

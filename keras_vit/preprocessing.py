@@ -145,24 +145,27 @@ def try_decode_image(image_bytes: tf.Tensor, channels: int = 3, label="image",
     1/2, 1/4 and 1/8 scales that keeps it at least that large.
     """
     image_bytes = tf.convert_to_tensor(image_bytes, tf.string)
-    length = tf.strings.as_string(tf.strings.length(image_bytes))
     height, width = encoded_size(image_bytes)
-    size = tf.strings.join([tf.strings.as_string(height), "x", tf.strings.as_string(width)])
-    header_problem = tf.case([
-        (~is_supported_image(image_bytes),
-         lambda: tf.strings.join([label, " (", length, " bytes) is not a JPEG, PNG, GIF or BMP image"])),
-        ((height <= 0) | (width <= 0),
-         lambda: tf.strings.join([label, " (", length, " bytes) declares no image size in its header "
-                                  "(cut short or corrupt)"])),
-        (height * width > max_pixels,
-         lambda: tf.strings.join([label, " is ", size, f", over the {max_pixels:,}-pixel limit"]))],
-        default=lambda: tf.constant(""))
+    magic = is_supported_image(image_bytes)
+    sized = (height > 0) & (width > 0)
+    bounded = height * width <= max_pixels
     none = tf.zeros([0, 0, 1], tf.uint8)
-    image, ok = tf.cond(tf.equal(header_problem, ""),
+    image, ok = tf.cond(magic & sized & bounded,
                         lambda: _decoded_or_none(image_bytes, height, width, min_size),
                         lambda: (none, tf.constant(False)))
-    problem = tf.where(ok | tf.not_equal(header_problem, ""), header_problem, tf.strings.join(
-        [label, " (", length, " bytes, ", size, ") does not decode: its body is truncated or corrupt"]))
+
+    def why():  # built only for a bad image: string ops cost a good one time
+        length = tf.strings.as_string(tf.strings.length(image_bytes))
+        size = tf.strings.join([tf.strings.as_string(height), "x", tf.strings.as_string(width)])
+        return tf.case([
+            (~magic, lambda: tf.strings.join([label, " (", length, " bytes) is not a JPEG, PNG, GIF or BMP image"])),
+            (~sized, lambda: tf.strings.join([label, " (", length, " bytes) declares no image size in its "
+                                              "header (cut short or corrupt)"])),
+            (~bounded, lambda: tf.strings.join([label, " is ", size, f", over the {max_pixels:,}-pixel limit"]))],
+            default=lambda: tf.strings.join([label, " (", length, " bytes, ", size,
+                                             ") does not decode: its body is truncated or corrupt"]))
+
+    problem = tf.cond(ok, lambda: tf.constant(""), why)
     return _to_channels(image, channels), problem
 
 
