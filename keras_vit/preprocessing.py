@@ -157,13 +157,14 @@ def try_decode_image(image_bytes: tf.Tensor, channels: int = 3, label="image",
     def why():  # built only for a bad image: string ops cost a good one time
         length = tf.strings.as_string(tf.strings.length(image_bytes))
         size = tf.strings.join([tf.strings.as_string(height), "x", tf.strings.as_string(width)])
+        said = lambda *words: tf.strings.join([label, *words])  # noqa: E731
         return tf.case([
-            (~magic, lambda: tf.strings.join([label, " (", length, " bytes) is not a JPEG, PNG, GIF or BMP image"])),
-            (~sized, lambda: tf.strings.join([label, " (", length, " bytes) declares no image size in its "
-                                              "header (cut short or corrupt)"])),
-            (~bounded, lambda: tf.strings.join([label, " is ", size, f", over the {max_pixels:,}-pixel limit"]))],
-            default=lambda: tf.strings.join([label, " (", length, " bytes, ", size,
-                                             ") does not decode: its body is truncated or corrupt"]))
+            (~magic, lambda: said(" (", length, " bytes) is not a JPEG, PNG, GIF or BMP image")),
+            (~sized, lambda: said(" (", length, " bytes) declares no image size in its header "
+                                  "(cut short or corrupt)")),
+            (~bounded, lambda: said(" is ", size, f", over the {max_pixels:,}-pixel limit"))],
+            default=lambda: said(" (", length, " bytes, ", size, ") does not decode: its body is truncated "
+                                 "or corrupt"))
 
     problem = tf.cond(ok, lambda: tf.constant(""), why)
     return _to_channels(image, channels), problem
