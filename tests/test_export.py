@@ -318,6 +318,11 @@ def test_bad_input_is_named_and_wrong_types_are_rejected(exported):
     with pytest.raises(tf.errors.InvalidArgumentError,
                        match=r"image_bytes\[1\] \(23 bytes\) is not a JPEG, PNG, GIF or BMP image"):
         sig["serving_default"](image_bytes=tf.constant([good, b"definitely not an image"]))
+    noise = np.random.RandomState(0).randint(0, 256, (40, 30, 3)).astype(np.uint8)
+    cut = tf.io.encode_jpeg(noise).numpy()[:-200]
+    with pytest.raises(tf.errors.InvalidArgumentError, match=rf"image_bytes\[1\] \({len(cut)} bytes, 40x30\) "
+                       "does not decode: its body is truncated or corrupt"):
+        sig["serving_default"](image_bytes=tf.constant([good, cut]))
     with pytest.raises(tf.errors.InvalidArgumentError,
                        match=r"examples.image\[0\] \(9 bytes\) is not a JPEG"):
         sig["serving_examples"](examples=tf.constant([example(b"GIF7 nope")]))
