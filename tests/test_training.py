@@ -255,8 +255,9 @@ def test_the_cli_names_a_bad_record_without_a_traceback(tmp_path):
     proc = subprocess.run(train_command(tmp_path / "run", 2, [f"--image_dir={root}", "--dataset="]), env=env,
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 1, proc.stderr[-3000:]
+    # No end anchor: libjpeg's own warnings from decoder threads still running may follow the message.
     assert re.search(r"\nbad record: image_folder:\S+ train record train/cat/(" + "|".join(bad) + r") .*\n"
-                     "--skip_bad_records drops and counts bad training records instead.\n$", proc.stderr)
+                     "--skip_bad_records drops and counts bad training records instead.\n", proc.stderr)
     assert "Traceback" not in proc.stderr
 
 
