@@ -20,7 +20,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from keras_vit import preprocessing, storage
+from keras_vit import batching, preprocessing, storage
 from keras_vit.training import precision
 
 SIGNATURES = ("serving_default", "serving_examples", "predict_images")
@@ -98,6 +98,7 @@ def export_saved_model(
     models_config_prefix: Optional[str] = None,
     weights_in_compute_dtype: bool = True,
     max_pixels: int = preprocessing.DEFAULT_MAX_PIXELS,
+    tune_batching: bool = True,
 ) -> str:
     """Writes `model` as a TF Serving SavedModel under `path/<version>/`.
 
@@ -130,6 +131,8 @@ def export_saved_model(
         bit, half the size, and faster at small batches.
       max_pixels: the most pixels a served image may declare (default 200 million, a
         200 MP phone photo).
+      tune_batching: time the written model at growing batch sizes and write TF
+        Serving's `batching_parameters.txt` beside `models.config` (`keras_vit.batching`).
 
     Returns:
       The version directory written.
@@ -142,6 +145,8 @@ def export_saved_model(
         warmup=warmup, model_name=storage.basename(path), weights_in_compute_dtype=weights_in_compute_dtype,
         max_pixels=max_pixels))
     write_models_config(storage.parent(path), models_config_prefix)
+    if tune_batching:
+        batching.tune(final)
     return final
 
 
@@ -284,14 +289,18 @@ def main(argv):
     stored = precision.compute_dtype_twin(model) if FLAGS.weights_in_compute_dtype else model
     dtypes = sorted({w.dtype for w in stored.weights})
     print(f"Exporting {FLAGS.model} (policy {precision.model_policy(model)}, weights stored as "
-          f"{', '.join(dtypes)}) ...", file=sys.stderr)
+          f"{', '.join(dtypes)})" + (", then timing it for batching_parameters.txt" if FLAGS.tune_batching
+                                     else "") + " ...", file=sys.stderr)
     out = export_saved_model(stored, FLAGS.output_dir, class_names=names, version=FLAGS.version,
                              top_k=FLAGS.top_k, activation=FLAGS.activation,
                              models_config_prefix=FLAGS.models_config_prefix,
                              weights_in_compute_dtype=FLAGS.weights_in_compute_dtype,
-                             max_pixels=FLAGS.max_pixels)
-    models_config = storage.join(storage.parent(FLAGS.output_dir), "models.config")
-    print(f"Wrote SavedModel to {out} and {models_config}")
+                             max_pixels=FLAGS.max_pixels, tune_batching=FLAGS.tune_batching)
+    root = storage.parent(FLAGS.output_dir)
+    written = [storage.join(root, "models.config")]
+    if FLAGS.tune_batching:
+        written.append(storage.join(root, batching.FILENAME))
+    print(f"Wrote SavedModel to {out} and {', '.join(written)}")
 
 
 def _define_flags():
@@ -321,6 +330,9 @@ def _define_flags():
     flags.DEFINE_integer("max_pixels", preprocessing.DEFAULT_MAX_PIXELS,
                          "The most pixels a served image may declare in its header; larger ones are "
                          "refused before decoding (default: a 200 MP phone photo passes).", lower_bound=1)
+    flags.DEFINE_bool("tune_batching", True,
+                      "Time the exported model at growing batch sizes and write TF Serving's "
+                      "batching_parameters.txt beside models.config.")
 
 
 def run():

@@ -24,7 +24,7 @@ from tfx.dsl.component.experimental.decorators import component
 from tfx.types import artifact, artifact_utils, standard_artifacts
 
 from keras_vit import storage
-from pipeline import dedup, dedup_beam, ingest
+from pipeline import dedup, dedup_beam, ingest, model_card
 
 CLASS_NAMES_FILE = "class_names.json"
 PUSH_RECORD = "assets.extra/keras_vit_push.json"  # relative to the version directory
@@ -73,7 +73,7 @@ def _counter(result, name) -> int:
     return int(sum(c.committed for c in found))
 
 
-def _set_examples_properties(examples, splits, class_names, counts):
+def _set_examples_properties(examples, splits, class_names, counts, source):
     from tfx.components.util import examples_utils
     from tfx.proto import example_gen_pb2
 
@@ -82,6 +82,7 @@ def _set_examples_properties(examples, splits, class_names, counts):
     examples_utils.set_file_format(examples, "tfrecords_gzip")
     examples.set_string_custom_property("class_names", json.dumps(class_names))
     examples.set_string_custom_property("split_counts", json.dumps(counts))
+    examples.set_string_custom_property("source", source)
     with tf.io.gfile.GFile(os.path.join(examples.uri, CLASS_NAMES_FILE), "w") as f:
         json.dump(class_names, f)
 
@@ -121,7 +122,7 @@ def ImageExampleGen(  # noqa: N802  (TFX components are named like classes)
         class_names = ingest.class_names_from_pairs(pairs)
     storage.remove_tree(pairs_dir)
     counts = {split: _counter(result, f"records_{split}") for split in got.splits}
-    _set_examples_properties(examples, got.splits, class_names, counts)
+    _set_examples_properties(examples, got.splits, class_names, counts, spec.describe())
     print(f"ImageExampleGen: {spec.describe()} -> {counts}, {len(class_names)} classes", flush=True)
 
 
@@ -245,7 +246,9 @@ def Dedup(  # noqa: N802
     class_names = read_class_names(examples.uri)
     before = json.loads(examples.get_string_custom_property("split_counts") or "{}")
     _set_examples_properties(deduplicated_examples, splits, class_names,
-                             {**before, "train": _counter(result, "records_train")})
+                             {**before, "train": _counter(result, "records_train")},
+                             examples.get_string_custom_property("source"))
+    deduplicated_examples.set_string_custom_property("split_counts_before_dedup", json.dumps(before))
     summary = report_lib.write_report(
         report.uri, pairs_prefix, examples_uri=examples.uri, references=references,
         train_count=before.get("train"), threshold=threshold, sheet_pairs=contact_sheet_pairs)
@@ -325,12 +328,19 @@ def ServingPusher(  # noqa: N802
     model: InputArtifact[standard_artifacts.Model],
     model_blessing: InputArtifact[standard_artifacts.ModelBlessing],
     evaluation: InputArtifact[standard_artifacts.ModelEvaluation],
+    model_run: InputArtifact[standard_artifacts.ModelRun],
+    examples: InputArtifact[standard_artifacts.Examples],
+    dedup_report: InputArtifact[DedupReport],
     pushed_model: OutputArtifact[standard_artifacts.PushedModel],
     serving_dir: Parameter[str],
     model_name: Parameter[str],
+    code_digest: Parameter[str] = "",
 ) -> None:
-    """Copies a blessed model's SavedModel to `serving_dir/model_name/<next version>/`."""
-    from keras_vit import export
+    """Copies a blessed model's SavedModel to `serving_dir/model_name/<next version>/` with
+    its model card (`pipeline.model_card`, from `model_run`, `examples`, `dedup_report` and
+    `evaluation`), and rewrites models.config and batching_parameters.txt (tuned for the
+    new version)."""
+    from keras_vit import batching, export
 
     serving_dir = storage.absolute(serving_dir)
     base = storage.join(serving_dir, model_name)
@@ -353,13 +363,29 @@ def ServingPusher(  # noqa: N802
     storage.makedirs(base)
     version = export.next_version(base)
     record = json.dumps({"digest": digest, "model_uri": model.uri})
+    card = model_card.build(
+        model_name=model_name, version=version,
+        blessing="blessed: every threshold of the Evaluator passed",
+        source=examples.get_string_custom_property("source"),
+        counts_before=json.loads(examples.get_string_custom_property("split_counts_before_dedup") or "{}"),
+        counts_after=json.loads(examples.get_string_custom_property("split_counts") or "{}"),
+        removed_by_reference=json.loads(dedup_report.get_string_custom_property("removed") or "{}"),
+        trainer=json.loads(storage.read_text(storage.join(model_run.uri, "metrics.json"))),
+        evaluation_uri=evaluation.uri, eval_split="eval", class_names=read_class_names(examples.uri),
+        code_digest=code_digest,
+        mlmd={name: a.id for name, a in (
+            ("model", model), ("model_run", model_run), ("evaluation", evaluation),
+            ("blessing", model_blessing), ("examples", examples), ("dedup_report", dedup_report))})
 
     def write(staging):
         storage.copy_tree(src, staging)
+        storage.write_text(storage.join(staging, "model_card.json"), json.dumps(card, indent=2))
+        storage.write_text(storage.join(staging, "model_card.md"), model_card.markdown(card))
         storage.write_text(storage.join(staging, *PUSH_RECORD.split("/")), record)
 
     final = storage.publish(storage.join(base, str(version)), write)
     export.write_models_config(serving_dir)
+    batching.tune(final)
     pushed_model.set_int_custom_property("pushed", 1)
     pushed_model.set_string_custom_property("pushed_destination", final)
     pushed_model.set_int_custom_property("pushed_version", version)

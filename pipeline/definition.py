@@ -42,6 +42,8 @@ def eval_config(accuracy_threshold: float) -> tfma.EvalConfig:
                     change_threshold=tfma.GenericChangeThreshold(
                         direction=tfma.MetricDirection.HIGHER_IS_BETTER, absolute={"value": -1e-10}))),
             tfma.MetricConfig(class_name="SparseTopKCategoricalAccuracy", config=json.dumps({"k": 5})),
+            # Per-class accuracy for the model card, from the argmax confusion matrix.
+            tfma.MetricConfig(class_name="MultiClassConfusionMatrixPlot"),
         ])])
 
 
@@ -131,7 +133,9 @@ def create_pipeline(
         eval_config=eval_config(accuracy_threshold))
     pusher = components.ServingPusher(
         model=trainer.outputs["model"], model_blessing=evaluator.outputs["blessing"],
-        evaluation=evaluator.outputs["evaluation"], serving_dir=serving_dir, model_name=model_name)
+        evaluation=evaluator.outputs["evaluation"], model_run=trainer.outputs["model_run"],
+        examples=dedup.outputs["deduplicated_examples"], dedup_report=dedup.outputs["report"],
+        serving_dir=serving_dir, model_name=model_name, code_digest=custom_config["code_digest"])
     return tfx.dsl.Pipeline(
         pipeline_name=pipeline_name,
         pipeline_root=pipeline_root,

@@ -342,7 +342,8 @@ def test_live_tf_serving_rest_and_grpc(exported):
     grpc_port, rest_port = free_port(), free_port()
     server = subprocess.Popen(["tensorflow_model_server", f"--port={grpc_port}",
                                f"--rest_api_port={rest_port}", "--rest_api_num_threads=2",
-                               f"--model_config_file={root / 'models.config'}"],
+                               f"--model_config_file={root / 'models.config'}", "--enable_batching",
+                               f"--batching_parameters_file={root / 'batching_parameters.txt'}"],
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
         url = f"http://127.0.0.1:{rest_port}/v1/models/tiny"

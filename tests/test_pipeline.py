@@ -37,15 +37,22 @@ def run_pipeline(*flags, check=True):
     return None, proc
 
 
-def executions(metadata_path):
-    """node id -> states of its executions, read from ML Metadata directly."""
+def open_metadata(metadata_path):
+    """The run's ML Metadata store, read-only."""
     from ml_metadata.metadata_store import metadata_store
     from ml_metadata.proto import metadata_store_pb2
 
     config = metadata_store_pb2.ConnectionConfig()
     config.sqlite.filename_uri = metadata_path
     config.sqlite.connection_mode = metadata_store_pb2.SqliteMetadataSourceConfig.READONLY
-    store = metadata_store.MetadataStore(config)
+    return metadata_store.MetadataStore(config)
+
+
+def executions(metadata_path):
+    """node id -> states of its executions, read from ML Metadata directly."""
+    from ml_metadata.proto import metadata_store_pb2
+
+    store = open_metadata(metadata_path)
     out = {}
     for ctx in store.get_contexts_by_type("node"):
         out[ctx.name.split(".", 1)[1]] = [metadata_store_pb2.Execution.State.Name(e.last_known_state)
@@ -92,6 +99,8 @@ def test_first_run_executes_every_component_and_pushes(runs):
     assert "ran out of data" not in proc.stderr  # Keras's, on the Trainer's eval pass over TFRecords
     assert proc.stderr.count("is deprecated and will be removed") <= 1  # TFMA's, once, not twice
     assert os.path.exists(runs["base"] / "serving" / "models.config")
+    tuned = (runs["base"] / "serving" / "batching_parameters.txt").read_text()
+    assert tuned.startswith("# Measured for fmnist version 1 on ") and "max_batch_size { value: " in tuned
 
 
 def test_mlmd_holds_the_executions_of_every_component(runs):
@@ -135,6 +144,62 @@ def test_planted_copies_were_removed(runs):
         ids.add(tf.io.parse_single_example(r, spec)["source_id"].numpy().decode())
     assert not ids & set(planted)
     assert len(ids) == 300 + len(planted) - len(removed)
+
+
+def artifact(metadata_path, artifact_id):
+    """An ML Metadata artifact by id: (uri, custom properties as strings or ints)."""
+    (found,) = open_metadata(metadata_path).get_artifacts_by_id([artifact_id])
+    props = {k: v.string_value or v.int_value for k, v in found.custom_properties.items()}
+    return found.uri, props
+
+
+def test_the_pushed_model_has_a_card_that_agrees_with_the_artifacts_that_made_it(runs):
+    import tensorflow_model_analysis as tfma
+
+    summary, _ = runs["first"]
+    version = summary["serving_model_path"]
+    card = json.loads(open(os.path.join(version, "model_card.json")).read())
+    page = open(os.path.join(version, "model_card.md")).read()
+    assert card["model_name"] == "fmnist" and card["version"] == 1 and card["blessing"].startswith("blessed")
+    assert page.startswith("# fmnist version 1\n") and "\n| t-shirt-top | " in page
+
+    # The Evaluator's numbers, read from its artifact through the card's MLMD id.
+    evaluation_uri, _ = artifact(runs["metadata"], card["mlmd"]["evaluation"])
+    overall = {kv.key.name: kv.value.double_value.value
+               for m in tfma.load_metrics(evaluation_uri) if not m.slice_key.single_slice_keys
+               for kv in m.metric_keys_and_values
+               if not kv.key.is_diff and kv.key.model_name in ("", "candidate")
+               and not kv.key.HasField("sub_key")}
+    metrics = card["evaluation"]["metrics"]
+    assert metrics["sparse_categorical_accuracy"] == overall["sparse_categorical_accuracy"]
+    assert round(metrics["sparse_categorical_accuracy"], 6) == summary["accuracy"]
+    per_class = card["evaluation"]["per_class"]
+    assert list(per_class) == sorted(os.listdir(runs["base"] / "images" / "train"))  # the folders
+    count = sum(c["examples"] for c in per_class.values())
+    assert count == overall["example_count"] == card["data"]["split_counts"]["eval"]
+    # Per-class top-1, weighted by the class sizes, is the overall top-1.
+    weighted = sum(c["accuracy"] * c["examples"] for c in per_class.values() if c["examples"]) / count
+    assert weighted == pytest.approx(metrics["sparse_categorical_accuracy"], abs=1e-6)
+
+    # Dedup's numbers, from its report artifact and the deduplicated examples.
+    _, report = artifact(runs["metadata"], card["mlmd"]["dedup_report"])
+    data = card["data"]
+    assert data["dedup_removed_by_reference"] == json.loads(report["removed"]) == summary["dedup"]
+    assert data["dedup_removed_total"] == report["removed_total"]
+    _, examples = artifact(runs["metadata"], card["mlmd"]["examples"])
+    assert data["split_counts"] == json.loads(examples["split_counts"])
+    before = data["split_counts_before_dedup"]
+    assert data["split_counts"]["train"] == before["train"] - report["removed_total"]
+    assert data["source"].startswith("image folder ")
+
+    trainer = json.loads(open(os.path.join(artifact(runs["metadata"], card["mlmd"]["model_run"])[0],
+                                           "metrics.json")).read())
+    assert card["model"] == {"name": trainer["model"], "config": trainer["model_config"],
+                             "params": trainer["params"], "macs": trainer["macs"]}
+    assert card["training"] == {k: trainer[k] for k in ("recipe", "steps", "batch_size", "precision",
+                                                        "train_seconds")}
+    assert card["training"]["precision"] == "mixed_bfloat16"
+    assert card["code_digest"] and len(card["code_digest"]) >= 12
 
 
 def test_pushed_model_loads_and_predicts(runs):

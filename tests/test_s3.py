@@ -72,9 +72,10 @@ def test_a_checkpoint_in_a_bucket_is_exported_to_a_bucket_and_served_from_it(s3,
     proc = _run(env, "-m", "keras_vit.export", "--model=s3://checkpoints/vit_tiny_token_rep.npz",
                 "--output_dir=s3://models/tiny", f"--class_names={','.join(names)}")
     assert proc.returncode == 0, proc.stderr[-4000:]
-    assert "Wrote SavedModel to s3://models/tiny/1 and s3://models/models.config" in proc.stdout
+    assert ("Wrote SavedModel to s3://models/tiny/1 and s3://models/models.config, "
+            "s3://models/batching_parameters.txt") in proc.stdout
     keys = _keys(client, "models")
-    assert "tiny/1/saved_model.pb" in keys and "models.config" in keys
+    assert {"tiny/1/saved_model.pb", "models.config", "batching_parameters.txt"} <= set(keys)
     assert not [k for k in keys if "staging" in k or ".partial" in k], keys
     config = client.get_object(Bucket="models", Key="models.config")["Body"].read().decode()
     assert 'base_path: "s3://models/tiny"' in config

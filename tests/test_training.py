@@ -22,6 +22,7 @@ from conftest import TINY_OVERRIDES, make_image_folder, small_run, train_command
 
 import keras_vit
 from keras_vit import ViTConfig, data
+from keras_vit.flops import forward_macs
 from keras_vit.training import (ConfigError, TrainConfig, WarmupDecay, compile_model, get_recipe,
                                 make_strategy, resolve_precision, train)
 from keras_vit.training.precision import top1_agreement, with_policy
@@ -167,7 +168,11 @@ def test_train_end_to_end_learns_and_writes_its_outputs(fake_fmnist, tmp_path):
     summary = train(cfg)
     assert summary["steps"] == 30 and summary["eval_split"] == "test"
     assert summary["model"] == "ViT-Ti/16" and summary["model_overrides"] == TINY_OVERRIDES
-    assert summary["params"] == keras.saving.load_model(summary["paths"]["model"]).count_params()
+    saved = keras.saving.load_model(summary["paths"]["model"])
+    assert summary["params"] == saved.count_params()
+    assert summary["model_config"] == saved.config.to_dict()
+    assert summary["macs"] == forward_macs(saved.config) > 0
+    assert summary["recipe"]["batch_size"] == summary["batch_size"]
     rows = [line.split(",") for line in open(summary["paths"]["history"]).read().splitlines()]
     val = rows[0].index("val_top1")
     assert [r[val] not in ("", "NA") for r in rows[1:]] == [False, False, True]  # validated once, at the end

@@ -17,7 +17,7 @@ from typing import List, Optional, Tuple
 
 import keras
 
-from keras_vit import configs, data, pretrained, storage
+from keras_vit import configs, data, flops, pretrained, storage
 from keras_vit.evaluation import FewShotPlan
 from keras_vit.training import distribute, precision, recipes
 from keras_vit.training.csv_history import CSVHistory
@@ -307,8 +307,12 @@ def train(cfg: TrainConfig, source=None, build_model=None) -> dict:
     else:  # nothing left to train (a finished run started again): evaluate what was saved
         results = {k: float(v) for k, v in model.evaluate(eval_ds, return_dict=True, verbose=0).items()}
     model.save(paths["model"])
+    config = getattr(model, "config", None)
     summary = {"model": model_name, "model_overrides": dict(cfg.model_overrides),
-               "params": model.count_params(), "dataset": source.name, "eval_split": eval_split,
+               "model_config": config.to_dict() if config is not None else None,
+               "params": model.count_params(),
+               "macs": flops.forward_macs(config) if config is not None else None,
+               "dataset": source.name, "eval_split": eval_split, "recipe": dataclasses.asdict(recipe),
                "steps": total_updates, "batch_size": recipe.batch_size, "precision": policy,
                "train_seconds": round(seconds, 1), "skipped_records": stats.skipped_count,
                "bad_records": stats.skipped,
