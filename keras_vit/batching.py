@@ -9,7 +9,12 @@ TF Serving merges concurrent requests into one call of the model when it is star
 and `choose` turns those times into the file's four numbers:
 - `max_batch_size`: the smallest batch that reaches 90% of the best images/s measured.
   Larger batches add latency for at most a tenth more throughput.
-- `num_batch_threads`: the number of cores, as TF Serving's guide advises for CPUs.
+- `num_batch_threads`: the number of cores, as TF Serving's guide advises for CPUs,
+  except where TF runs oneDNN: there 1. In TF 2.16, two calls of one SavedModel at
+  once with different batch sizes corrupt the heap when oneDNN runs them (a crash
+  within seconds, reproduced on AMX cores; with TF_ENABLE_ONEDNN_OPTS=0 it runs), so
+  the server must never run two batches at once. One batch already spreads over
+  every core through TF's own threads.
 - `batch_timeout_micros`: 0, the guide's CPU value. Under load, requests queue while
   the threads are busy, so batches fill without waiting; a lone request is never held.
 - `max_enqueued_batches`: about `QUEUE_SECONDS` of full batches. A request that would
@@ -81,14 +86,15 @@ def cores() -> int:
         return os.cpu_count() or 1
 
 
-def choose(latencies: Dict[int, float], num_cores: int) -> BatchingParameters:
-    """Batching parameters from `latencies` (batch size -> seconds per call)."""
+def choose(latencies: Dict[int, float], num_cores: int, concurrent_calls: bool = True) -> BatchingParameters:
+    """Batching parameters from `latencies` (batch size -> seconds per call);
+    `concurrent_calls=False` keeps to one batch thread (see the module's docstring)."""
     if not latencies or any(b < 1 or not t > 0 for b, t in latencies.items()):
         raise ValueError(f"latencies must map batch sizes >= 1 to positive seconds, got {latencies}")
     rate = {b: b / t for b, t in latencies.items()}
     best = max(rate.values())
     size = min(b for b, r in rate.items() if r >= KNEE * best)
-    threads = max(1, int(num_cores))
+    threads = max(1, int(num_cores)) if concurrent_calls else 1
     queued = max(threads, math.ceil(QUEUE_SECONDS / latencies[size]))
     return BatchingParameters(max_batch_size=size, batch_timeout_micros=0,
                               max_enqueued_batches=queued, num_batch_threads=threads)
@@ -139,7 +145,10 @@ def measure(saved_model_dir: str, num_cores: Optional[int] = None, **timing) -> 
     height, width = int(images.shape[1]), int(images.shape[2])
     serve = loaded.signatures["serving_default"]
     latencies = time_batches(lambda batch: serve(image_bytes=batch), _probe_jpeg(height, width), **timing)
-    return choose(latencies, cores() if num_cores is None else num_cores), latencies
+    from keras_vit import hardware
+
+    safe = not hardware.onednn_runs("float32")
+    return choose(latencies, cores() if num_cores is None else num_cores, concurrent_calls=safe), latencies
 
 
 def write(serving_root: str, params: BatchingParameters, latencies: Dict[int, float],
