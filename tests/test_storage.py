@@ -54,7 +54,8 @@ def test_a_model_exported_to_a_bucket_is_in_the_bucket_and_serves(bucket, tmp_pa
     model = randomise(tiny())
     out = export_saved_model(model, f"{bucket}/models/vit", class_names=list("abcde"))
     assert out == f"{bucket}/models/vit/1"
-    assert storage.listdir(f"{bucket}/models") == ["models.config", "vit"]
+    assert storage.listdir(f"{bucket}/models") == ["batching_parameters.txt", "models.config", "vit"]
+    assert "max_batch_size { value: " in storage.read_text(f"{bucket}/models/batching_parameters.txt")
     assert storage.listdir(f"{bucket}/models/vit") == ["1"], "a staging directory was left behind"
     assert "saved_model.pb" in storage.listdir(out)
     assert f'base_path: "{bucket}/models/vit"' in storage.read_text(f"{bucket}/models/models.config")
