@@ -104,19 +104,6 @@ def _decode_body(image_bytes: tf.Tensor, height, width, min_size) -> tf.Tensor:
         lambda: tf.io.decode_image(image_bytes, channels=0, expand_animations=False))
 
 
-def _decoded_or_none(image_bytes: tf.Tensor, height, width, min_size):
-    # TF's decoders fail a corrupt or truncated body with an op error ("jpeg::Uncompress
-    # failed") that names no record and that no graph op can catch. A one-element
-    # dataset with ignore_errors can: the decode runs inside it, and a failure leaves
-    # only the fallback element, so the caller gets a flag to name or count.
-    def decode(data):
-        return tf.ensure_shape(_decode_body(data, height, width, min_size), [None, None, None]), True
-
-    decoded = tf.data.Dataset.from_tensors(image_bytes).map(decode).ignore_errors()
-    failed = tf.data.Dataset.from_tensors((tf.zeros([0, 0, 1], tf.uint8), False))
-    return decoded.concatenate(failed).take(1).get_single_element()
-
-
 def _to_channels(image: tf.Tensor, channels: int) -> tf.Tensor:
     depth = tf.shape(image)[-1]
     if channels == 3:
@@ -128,46 +115,105 @@ def _to_channels(image: tf.Tensor, channels: int) -> tf.Tensor:
     return tf.ensure_shape(image, [None, None, channels])
 
 
-def try_decode_image(image_bytes: tf.Tensor, channels: int = 3, label="image",
-                     max_pixels: int = DEFAULT_MAX_PIXELS, min_size=None):
-    """Decodes one encoded image, or says why it cannot: `(image, problem)`.
+def _said(label, *words) -> tf.Tensor:
+    return tf.strings.join([label, *words])
 
-    `image` is uint8 `[H, W, channels]` (grayscale becomes RGB, an alpha channel is
-    dropped, a GIF gives its first frame); `problem` is a scalar string, empty for a
-    good image, else a sentence starting with `label` (a string or scalar string
-    tensor, e.g. "image_bytes[3]"), and `image` is then `[0, 0, channels]`. An image
-    is bad when its bytes are no JPEG, PNG, GIF or BMP; when its header declares no
-    size (cut short) or more than `max_pixels`, both read before anything is decoded;
-    or when its body does not decode whole (truncated or corrupt): a bad image never
-    yields invented pixels. BMP pixels carry no check, so a BMP is bad only when short.
 
-    With `min_size` (height, width), a JPEG is decoded at the coarsest of libjpeg's
-    1/2, 1/4 and 1/8 scales that keeps it at least that large.
-    """
-    image_bytes = tf.convert_to_tensor(image_bytes, tf.string)
+def _header_checked(image_bytes, label, channels, max_pixels, min_size):
+    # `(image, problem)` from the header checks, read before anything is decoded; the
+    # decode of a body that passes them may still fail (truncated or corrupt).
     height, width = encoded_size(image_bytes)
     magic = is_supported_image(image_bytes)
     sized = (height > 0) & (width > 0)
     bounded = height * width <= max_pixels
-    none = tf.zeros([0, 0, 1], tf.uint8)
-    image, ok = tf.cond(magic & sized & bounded,
-                        lambda: _decoded_or_none(image_bytes, height, width, min_size),
-                        lambda: (none, tf.constant(False)))
+    ok = magic & sized & bounded
+
+    def decode():
+        return tf.ensure_shape(_decode_body(image_bytes, height, width, min_size), [None, None, None])
+
+    image = tf.cond(ok, decode, lambda: tf.zeros([0, 0, 1], tf.uint8))
 
     def why():  # built only for a bad image: string ops cost a good one time
         length = tf.strings.as_string(tf.strings.length(image_bytes))
         size = tf.strings.join([tf.strings.as_string(height), "x", tf.strings.as_string(width)])
-        said = lambda *words: tf.strings.join([label, *words])  # noqa: E731
         return tf.case([
-            (~magic, lambda: said(" (", length, " bytes) is not a JPEG, PNG, GIF or BMP image")),
-            (~sized, lambda: said(" (", length, " bytes) declares no image size in its header "
-                                  "(cut short or corrupt)")),
-            (~bounded, lambda: said(" is ", size, f", over the {max_pixels:,}-pixel limit"))],
-            default=lambda: said(" (", length, " bytes, ", size, ") does not decode: its body is truncated "
-                                 "or corrupt"))
+            (~magic, lambda: _said(label, " (", length, " bytes) is not a JPEG, PNG, GIF or BMP image")),
+            (~sized, lambda: _said(label, " (", length, " bytes) declares no image size in its header "
+                                   "(cut short or corrupt)"))],
+            default=lambda: _said(label, " is ", size, f", over the {max_pixels:,}-pixel limit"))
 
-    problem = tf.cond(ok, lambda: tf.constant(""), why)
-    return _to_channels(image, channels), problem
+    return _to_channels(image, channels), tf.cond(ok, lambda: tf.constant(""), why)
+
+
+def _undecodable(image_bytes, label) -> tf.Tensor:
+    height, width = encoded_size(image_bytes)
+    return _said(label, " (", tf.strings.as_string(tf.strings.length(image_bytes)), " bytes, ",
+                 tf.strings.as_string(height), "x", tf.strings.as_string(width),
+                 ") does not decode: its body is truncated or corrupt")
+
+
+def try_decode_images(image_bytes: tf.Tensor, channels: int = 3, labels=None,
+                      max_pixels: int = DEFAULT_MAX_PIXELS, min_size=None):
+    """Decodes `[N]` encoded images, or says why each cannot: `(images, problems)`.
+
+    `images` is a uint8 RaggedTensor `[N, (H), (W), channels]` (grayscale becomes RGB,
+    an alpha channel is dropped, a GIF gives its first frame); `problems` is `[N]`
+    strings, empty for a good image, else a sentence starting with its label
+    (`labels`, `[N]` strings; default "image[i]"), and its image is then `[0, 0,
+    channels]`. An image is bad when its bytes are no JPEG, PNG, GIF or BMP; when its
+    header declares no size (cut short) or more than `max_pixels`, both read before
+    anything is decoded; or when its body does not decode whole (truncated or
+    corrupt): a bad image never yields invented pixels. BMP pixels carry no check, so
+    a BMP is bad only when short.
+
+    With `min_size` (height, width), a JPEG is decoded at the coarsest of libjpeg's
+    1/2, 1/4 and 1/8 scales that keeps it at least that large.
+
+    The pipeline's ingestion and de-duplication decode through this; serving and the
+    training input take `try_decode_image`, the same checks and decode one at a time.
+    """
+    image_bytes = tf.convert_to_tensor(image_bytes, tf.string)
+    n = tf.shape(image_bytes, out_type=tf.int64)[0]
+    index = tf.range(n)
+    if labels is None:
+        labels = tf.strings.join(["image[", tf.strings.as_string(index), "]"])
+    labels = tf.broadcast_to(tf.convert_to_tensor(labels, tf.string), [n])
+
+    # TF's decoders fail a corrupt or truncated body with an op error ("jpeg::Uncompress
+    # failed") that names no record and that no graph op can catch. A dataset with
+    # ignore_errors can: a failed decode drops its element, and the missing index says
+    # which. A last empty element keeps the batch non-empty and stands in for the lost.
+    def one(data, label, i):
+        return (i, *_header_checked(data, label, channels, max_pixels, min_size))
+
+    kept = tf.data.Dataset.from_tensor_slices((image_bytes, labels, index)).map(one).ignore_errors()
+    stand_in = tf.data.Dataset.from_tensors((n, tf.zeros([0, 0, channels], tf.uint8), tf.constant("")))
+    found, images, problems = kept.concatenate(stand_in).ragged_batch(n + 1).get_single_element()
+    k = tf.shape(found, out_type=tf.int64)[0] - 1
+    row = tf.tensor_scatter_nd_update(tf.fill([n], k), found[:k, None], tf.range(k))
+    lost = tf.where(tf.equal(row, k))[:, 0]
+    lost_problems = tf.map_fn(lambda i: _undecodable(image_bytes[i], labels[i]), lost,
+                              fn_output_signature=tf.string)
+    problems = tf.tensor_scatter_nd_update(tf.gather(problems, row), lost[:, None], lost_problems)
+    return tf.gather(images, row), problems
+
+
+def try_decode_image(image_bytes: tf.Tensor, channels: int = 3, label="image",
+                     max_pixels: int = DEFAULT_MAX_PIXELS, min_size=None):
+    """One encoded image (scalar string) -> `(image, problem)`, as `try_decode_images`:
+    `image` uint8 `[H, W, channels]`, `problem` a scalar string, empty when good. The
+    same checks and decode, without the batch's bookkeeping: for `Dataset.map`."""
+    image_bytes = tf.convert_to_tensor(image_bytes, tf.string)
+
+    def one(data):
+        image, problem = _header_checked(data, label, channels, max_pixels, min_size)
+        return image, problem, True
+
+    kept = tf.data.Dataset.from_tensors(image_bytes).map(one).ignore_errors()
+    lost = tf.data.Dataset.from_tensors((tf.zeros([0, 0, channels], tf.uint8), tf.constant(""), False))
+    image, problem, decoded = kept.concatenate(lost).take(1).get_single_element()
+    problem = tf.cond(decoded, lambda: problem, lambda: _undecodable(image_bytes, label))
+    return image, problem
 
 
 def decode_image(image_bytes: tf.Tensor, channels: int = 3, label="image",

@@ -73,6 +73,18 @@ def _counter(result, name) -> int:
     return int(sum(c.committed for c in found))
 
 
+def producer_executions(artifacts) -> Dict[str, int]:
+    """{component id: execution id} of the executions that wrote `artifacts`, read from the
+    output URIs TFX's launcher gives (`<pipeline_root>/<component>/<output key>/<execution
+    id>`); an artifact laid out otherwise (Kubeflow's) is left out."""
+    found = {}
+    for a in artifacts:
+        parts = a.uri.rstrip("/").split("/")
+        if len(parts) >= 3 and parts[-1].isdigit():
+            found[parts[-3]] = int(parts[-1])
+    return found
+
+
 def _set_examples_properties(examples, splits, class_names, counts, source):
     from tfx.components.util import examples_utils
     from tfx.proto import example_gen_pb2
@@ -122,8 +134,12 @@ def ImageExampleGen(  # noqa: N802  (TFX components are named like classes)
         class_names = ingest.class_names_from_pairs(pairs)
     storage.remove_tree(pairs_dir)
     counts = {split: _counter(result, f"records_{split}") for split in got.splits}
+    bad = {split: _counter(result, ingest.bad_records_counter(split)) for split in ingest.SPLITS}
+    bad = {split: n for split, n in bad.items() if n}
     _set_examples_properties(examples, got.splits, class_names, counts, spec.describe())
-    print(f"ImageExampleGen: {spec.describe()} -> {counts}, {len(class_names)} classes", flush=True)
+    examples.set_string_custom_property("bad_records_skipped", json.dumps(bad))
+    left_out = f", left out bad records {bad}" if bad else ""
+    print(f"ImageExampleGen: {spec.describe()} -> {counts}, {len(class_names)} classes{left_out}", flush=True)
 
 
 @component
@@ -249,6 +265,9 @@ def Dedup(  # noqa: N802
                              {**before, "train": _counter(result, "records_train")},
                              examples.get_string_custom_property("source"))
     deduplicated_examples.set_string_custom_property("split_counts_before_dedup", json.dumps(before))
+    skipped = examples.get_string_custom_property("bad_records_skipped") or "{}"
+    deduplicated_examples.set_string_custom_property("bad_records_skipped", skipped)
+    deduplicated_examples.set_string_custom_property("made_by", json.dumps(producer_executions([examples])))
     summary = report_lib.write_report(
         report.uri, pairs_prefix, examples_uri=examples.uri, references=references,
         train_count=before.get("train"), threshold=threshold, sheet_pairs=contact_sheet_pairs)
@@ -373,9 +392,12 @@ def ServingPusher(  # noqa: N802
         trainer=json.loads(storage.read_text(storage.join(model_run.uri, "metrics.json"))),
         evaluation_uri=evaluation.uri, eval_split="eval", class_names=read_class_names(examples.uri),
         code_digest=code_digest,
-        mlmd={name: a.id for name, a in (
-            ("model", model), ("model_run", model_run), ("evaluation", evaluation),
-            ("blessing", model_blessing), ("examples", examples), ("dedup_report", dedup_report))})
+        bad_records_skipped=json.loads(examples.get_string_custom_property("bad_records_skipped") or "{}"),
+        mlmd={"artifacts": {name: a.id for name, a in (
+                  ("model", model), ("model_run", model_run), ("evaluation", evaluation),
+                  ("blessing", model_blessing), ("examples", examples), ("dedup_report", dedup_report))},
+              "executions": {**json.loads(examples.get_string_custom_property("made_by") or "{}"),
+                             **producer_executions([examples, model, evaluation, pushed_model])}})
 
     def write(staging):
         storage.copy_tree(src, staging)

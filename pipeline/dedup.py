@@ -26,10 +26,8 @@ from __future__ import annotations
 import dataclasses
 import functools
 import hashlib
-import io
-import warnings
 from collections import defaultdict
-from typing import Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -57,40 +55,89 @@ class DedupConfig:
     seed: int = 0
 
 
-def _decoded(image_bytes: bytes, name: str, mode: str) -> np.ndarray:
-    # The pixel bound of the serving graph and the training input, checked on the size
-    # the header declares before PIL decodes anything; PIL's own bomb check is set from
-    # the same number. A truncated file is an error (PIL's LOAD_TRUNCATED_IMAGES stays off).
-    from PIL import Image
+# Decoded pixels held at once by `decode_rgb`: 64 MP is 192 MB of RGB.
+BATCH_PIXELS = 64_000_000
 
-    from keras_vit.preprocessing import DEFAULT_MAX_PIXELS
 
-    Image.MAX_IMAGE_PIXELS = DEFAULT_MAX_PIXELS
-    try:
-        with warnings.catch_warnings():  # PIL warns past its bound; the check below refuses
-            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
-            im = Image.open(io.BytesIO(image_bytes))
-        with im:
-            width, height = im.size
-            if width * height > DEFAULT_MAX_PIXELS:
-                raise BadImageError(
-                    f"{name} is {height}x{width}, over the {DEFAULT_MAX_PIXELS:,}-pixel limit")
-            return np.asarray(im.convert(mode))
-    except BadImageError:
-        raise
-    except Exception as e:  # noqa: BLE001  (PIL raises many types, its bomb error included)
-        raise BadImageError(f"{name}: cannot decode image ({len(image_bytes)} bytes): {e}") from e
+@functools.lru_cache(maxsize=1)
+def _tf_functions():
+    import tensorflow as tf
+
+    from keras_vit import preprocessing
+
+    strings = tf.TensorSpec([None], tf.string)
+
+    @tf.function(input_signature=[strings])
+    def sizes(data):
+        return tf.map_fn(lambda d: tf.stack(preprocessing.encoded_size(d)), data,
+                         fn_output_signature=tf.TensorSpec([2], tf.int64))
+
+    @tf.function(input_signature=[strings, strings])
+    def decode(data, names):
+        images, problems = preprocessing.try_decode_images(data, 3, names)
+        return images.flat_values, images.row_lengths(), images.values.row_lengths(), problems
+
+    return sizes, decode
+
+
+def _chunks(images: Sequence[bytes]) -> List[slice]:
+    # Consecutive runs whose declared pixels fit BATCH_PIXELS (a larger image alone).
+    sizes, _ = _tf_functions()
+    pixels = np.prod(np.maximum(sizes(list(images)).numpy(), 0), axis=1).tolist()
+    out, start, total = [], 0, 0
+    for i, p in enumerate(pixels):
+        if i > start and total + p > BATCH_PIXELS:
+            out.append(slice(start, i))
+            start, total = i, 0
+        total += p
+    return out + [slice(start, len(pixels))]
+
+
+def decode_rgb(images: Sequence[bytes], names: Sequence[str]) -> List[Tuple[Optional[np.ndarray], str]]:
+    """Encoded images -> `(rgb, problem)` each: uint8 `[H, W, 3]` and "", or None and why
+    not (naming the image by `names`). The serving graph's decoder
+    (`keras_vit.preprocessing.try_decode_images`, with its pixel bound read from the
+    header), run over runs of images that decode to at most BATCH_PIXELS together."""
+    if not len(images):
+        return []
+    _, decode = _tf_functions()
+    out = []
+    for part in _chunks(images):
+        flat, heights, rows, problems = (t.numpy() for t in decode(list(images[part]), list(names[part])))
+        start, row = 0, 0
+        for h, problem in zip(heights.tolist(), problems.tolist()):
+            w = int(rows[row]) if h else 0
+            out.append((None, problem.decode()) if problem
+                       else (flat[start:start + h * w].reshape(h, w, 3), ""))
+            start, row = start + h * w, row + h
+    return out
+
+
+def _one(image_bytes: bytes, name: str) -> np.ndarray:
+    [(rgb, problem)] = decode_rgb([image_bytes], [name])
+    if problem:
+        raise BadImageError(problem)
+    return rgb
+
+
+def luma(rgb: np.ndarray) -> np.ndarray:
+    """uint8 `[H, W, 3]` -> float32 grayscale `[H, W]` in [0, 255] (ITU-R 601 luma)."""
+    return rgb.astype(np.float32) @ np.array([0.299, 0.587, 0.114], np.float32)
+
+
+def hash_pixels(rgb: np.ndarray) -> str:
+    """A hash of decoded RGB pixels and their shape: equal for exact copies however encoded."""
+    return hashlib.sha256(str(rgb.shape).encode() + np.ascontiguousarray(rgb).tobytes()).hexdigest()
 
 
 def decode_gray(image_bytes: bytes, name: str = "image") -> np.ndarray:
-    """Encoded bytes -> float32 grayscale `[H, W]` in [0, 255]."""
-    return _decoded(image_bytes, name, "L").astype(np.float32)
+    """Encoded bytes -> float32 grayscale `[H, W]` in [0, 255]; BadImageError names `name`."""
+    return luma(_one(image_bytes, name))
 
 
 def pixel_hash(image_bytes: bytes, name: str = "image") -> str:
-    """A hash of the decoded RGB pixels and shape: equal for exact copies however encoded."""
-    rgb = _decoded(image_bytes, name, "RGB")
-    return hashlib.sha256(str(rgb.shape).encode() + rgb.tobytes()).hexdigest()
+    """`hash_pixels` of the decoded image; BadImageError names `name`."""
+    return hash_pixels(_one(image_bytes, name))
 
 
 def _resize(gray: np.ndarray, size: int) -> np.ndarray:
@@ -221,13 +268,13 @@ def find_near_duplicates(train_images: Sequence[bytes], reference_images: Sequen
     return sorted((i, j, round(s, 6)) for (i, j), s in found.items())
 
 
-def _prepare(images: Iterable[bytes], kind: str, crops, config: DedupConfig) -> dict:
+def _prepare(images: Sequence[bytes], kind: str, crops, config: DedupConfig) -> dict:
     thumbs, hashes = [], []
-    for i, data in enumerate(images):
-        name = f"{kind} image {i}"
-        gray = decode_gray(data, name)
-        thumbs.append(thumbnails(gray, crops, config.thumb, config.band))
-        hashes.append(pixel_hash(data, name))
+    for rgb, problem in decode_rgb(images, [f"{kind} image {i}" for i in range(len(images))]):
+        if problem:
+            raise BadImageError(problem)
+        thumbs.append(thumbnails(luma(rgb), crops, config.thumb, config.band))
+        hashes.append(hash_pixels(rgb))
     dim = config.thumb * config.thumb
     return {"thumbs": np.stack(thumbs) if thumbs else np.zeros((0, len(crops), dim), np.float32),
             "hash": hashes}

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import logging
 from typing import Dict, Iterator, List, Optional, Sequence
 
 import apache_beam as beam
@@ -31,17 +32,41 @@ _EVAL_NAMES = ("validation", "eval", "val")
 
 def make_example(image: bytes, label: int, label_name: str, source_id: str,
                  pixel_hash: Optional[str] = None) -> tf.train.Example:
-    """One pipeline record; the hash is computed when not given."""
-    if pixel_hash is None:
-        pixel_hash = dedup.pixel_hash(image, source_id)
+    """One pipeline record; without `pixel_hash`, `with_pixel_hashes` adds it."""
     feature = {
         IMAGE: tf.train.Feature(bytes_list=tf.train.BytesList(value=[image])),
         LABEL: tf.train.Feature(int64_list=tf.train.Int64List(value=[int(label)])),
         LABEL_NAME: tf.train.Feature(bytes_list=tf.train.BytesList(value=[label_name.encode()])),
         SOURCE_ID: tf.train.Feature(bytes_list=tf.train.BytesList(value=[source_id.encode()])),
-        HASH: tf.train.Feature(bytes_list=tf.train.BytesList(value=[pixel_hash.encode()])),
     }
+    if pixel_hash is not None:
+        feature[HASH] = tf.train.Feature(bytes_list=tf.train.BytesList(value=[pixel_hash.encode()]))
     return tf.train.Example(features=tf.train.Features(feature=feature))
+
+
+def with_pixel_hashes(examples: Sequence[tf.train.Example], skip_bad_records: bool = False,
+                      on_skip=None) -> List[tf.train.Example]:
+    """The examples with their `hash`, decoding their images together.
+
+    An image the decoder refuses (not an image, over the pixel bound, cut short or
+    corrupt) raises BadImageError naming its `source_id`; with `skip_bad_records` its
+    record is left out and `on_skip(problem)` is called instead. A record without an
+    image passes unhashed, for data validation to report.
+    """
+    images = [ex for ex in examples if feature_bytes(ex, IMAGE) is not None]
+    decoded = dedup.decode_rgb([feature_bytes(ex, IMAGE) for ex in images],
+                               [feature_bytes(ex, SOURCE_ID).decode() for ex in images])
+    bad = set()
+    for ex, (rgb, problem) in zip(images, decoded):
+        if problem and not skip_bad_records:
+            raise dedup.BadImageError(f"{problem}; skip_bad_records leaves such records out")
+        if problem:
+            bad.add(id(ex))
+            if on_skip is not None:
+                on_skip(problem)
+        else:
+            ex.features.feature[HASH].bytes_list.value[:] = [dedup.hash_pixels(rgb).encode()]
+    return [ex for ex in examples if id(ex) not in bad]
 
 
 def feature_bytes(example: tf.train.Example, key: str) -> Optional[bytes]:
@@ -70,6 +95,7 @@ class SourceSpec:
     tfrecords: Optional[Dict[str, str]] = None  # split -> file pattern
     class_names: Optional[Sequence[str]] = None  # for tfrecords; default from the data
     eval_percent: float = 10.0  # carved from train when the source has no eval split
+    skip_bad_records: bool = False  # leave out (and count) images that do not decode
 
     def __post_init__(self):
         given = [k for k in ("dataset", "image_dir", "tfrecords") if getattr(self, k)]
@@ -194,7 +220,6 @@ def _complete_record(serialized: bytes, class_names: Optional[Sequence[str]]) ->
     out = tf.train.Example()
     if image is not None:
         out.features.feature[IMAGE].bytes_list.value.append(image)
-        out.features.feature[HASH].bytes_list.value.append(dedup.pixel_hash(image, source_id).encode())
     if label is not None:
         out.features.feature[LABEL].int64_list.value.append(label)
         out.features.feature[LABEL_NAME].bytes_list.value.append(name)
@@ -203,6 +228,25 @@ def _complete_record(serialized: bytes, class_names: Optional[Sequence[str]]) ->
 
 
 # --- the transform -----------------------------------------------------------------
+
+
+def bad_records_counter(split: str) -> str:
+    """The Beam counter (namespace keras_vit) of the records of `split` left out as bad."""
+    return f"bad_records_{split}"
+
+
+def _hash_batch(batch, split: str, skip_bad_records: bool):
+    def skipped(problem):
+        beam.metrics.Metrics.counter("keras_vit", bad_records_counter(split)).inc()
+        logging.warning("ImageExampleGen left out a bad record: %s", problem)
+
+    return with_pixel_hashes(batch, skip_bad_records, skipped)
+
+
+def _hashed(pcoll, split: str, skip_bad_records: bool):
+    # In batches: the decoder's per-call cost is ten times its per-image cost.
+    return (pcoll | f"Batch[{split}]" >> beam.BatchElements(min_batch_size=8, max_batch_size=256)
+            | f"Hash[{split}]" >> beam.FlatMap(_hash_batch, split, skip_bad_records))
 
 
 @dataclasses.dataclass
@@ -256,7 +300,9 @@ def read_source(p: beam.Pipeline, spec: SourceSpec, parallelism: int = 8) -> Ing
                 | f"Complete[{out_split}]" >> beam.Map(_complete_record, class_names))
         if "eval" not in sources:
             carve = sources.pop("train")
+    sources = {split: _hashed(pcoll, split, spec.skip_bad_records) for split, pcoll in sources.items()}
     if carve is not None:
+        carve = _hashed(carve, "train", spec.skip_bad_records)
         parts = carve | "CarveEval" >> beam.Partition(
             lambda ex, n, pct: int(in_eval_slice(feature_bytes(ex, SOURCE_ID).decode(), pct)), 2,
             spec.eval_percent)

@@ -61,13 +61,15 @@ def per_class_accuracy(evaluation_uri: str, class_names: List[str]) -> Dict[str,
 def build(*, model_name: str, version: int, blessing: str, source: str, counts_before: Dict[str, int],
           counts_after: Dict[str, int], removed_by_reference: Dict[str, int], trainer: dict,
           evaluation_uri: str, eval_split: str, class_names: List[str], code_digest: str,
-          mlmd: Dict[str, int]) -> dict:
-    """The card's content. `trainer` is the Trainer's metrics.json (`keras_vit.training.train`)."""
+          mlmd: Dict[str, Dict[str, int]], bad_records_skipped: Dict[str, int]) -> dict:
+    """The card's content. `trainer` is the Trainer's metrics.json (`keras_vit.training.train`);
+    `mlmd` holds ML Metadata ids: "artifacts" by input name, "executions" by component."""
     return {
         "model_name": model_name, "version": version, "blessing": blessing,
         "data": {"source": source, "split_counts_before_dedup": counts_before, "split_counts": counts_after,
                  "dedup_removed_by_reference": removed_by_reference,
-                 "dedup_removed_total": sum(removed_by_reference.values())},
+                 "dedup_removed_total": sum(removed_by_reference.values()),
+                 "bad_records_skipped": bad_records_skipped},
         "model": {"name": trainer["model"], "config": trainer["model_config"], "params": trainer["params"],
                   "macs": trainer["macs"]},
         "training": {k: trainer[k] for k in ("recipe", "steps", "batch_size", "precision", "train_seconds")},
@@ -87,7 +89,9 @@ def markdown(card: dict) -> str:
     lines += [f"| {s} | {n:,} | {data['split_counts_before_dedup'].get(s, n):,} |"
               for s, n in data["split_counts"].items()]
     removed = ", ".join(f"{n} copies of {s} images" for s, n in data["dedup_removed_by_reference"].items())
-    lines += ["", f"Dedup removed {data['dedup_removed_total']} training images ({removed or 'none'}).", "",
+    skipped = ", ".join(f"{n} in {s}" for s, n in data["bad_records_skipped"].items())
+    lines += ["", f"Left out as undecodable: {skipped or 'none'}.",
+              f"Dedup removed {data['dedup_removed_total']} training images ({removed or 'none'}).", "",
               "## Model", "", f"{model['name']}: {model['params']:,} parameters, "
               f"{model['macs'] / 1e6:,.1f} M multiply-adds per image.", "",
               "```json", json.dumps(model["config"], indent=2, sort_keys=True), "```", "",
@@ -101,6 +105,9 @@ def markdown(card: dict) -> str:
     for name, c in ev["per_class"].items():
         accuracy = "-" if c["accuracy"] is None else format(c["accuracy"], ".4f")
         lines.append(f"| {name} | {accuracy} | {c['examples']} |")
+    executions = ", ".join(f"{k} {v}" for k, v in card["mlmd"]["executions"].items())
     lines += ["", "## Provenance", "", f"Code digest: `{card['code_digest']}`.", "",
-              "ML Metadata ids: " + ", ".join(f"{k} {v}" for k, v in card["mlmd"].items()) + "."]
+              f"ML Metadata executions: {executions or 'not known for this orchestrator'}.", "",
+              "ML Metadata artifacts: " + ", ".join(f"{k} {v}" for k, v in card["mlmd"]["artifacts"].items())
+              + "."]
     return "\n".join(lines) + "\n"

@@ -17,7 +17,7 @@ from typing import Dict, List
 
 import tensorflow as tf
 
-from pipeline import ingest
+from pipeline import dedup, ingest
 
 CELL = 84  # pixels per image on the sheet
 
@@ -80,13 +80,16 @@ def contact_sheet(pairs: List[dict], images: Dict[tuple, bytes]) -> bytes:
     draw = ImageDraw.Draw(sheet)
     if not pairs:
         draw.text((8, 8), "no duplicates found", fill="black")
+    keys = [k for x in pairs for k in (("train", x["train_id"]), (x["reference_split"], x["reference_id"]))
+            if k in images]
+    names = [f"{split} record {i}" for split, i in keys]
+    decoded = dict(zip(keys, dedup.decode_rgb([images[k] for k in keys], names)))
     for row, x in enumerate(pairs):
         for col, key in enumerate((("train", x["train_id"]), (x["reference_split"], x["reference_id"]))):
-            data = images.get(key)
-            if data is not None:
-                with Image.open(io.BytesIO(data)) as im:
-                    sheet.paste(im.convert("RGB").resize((CELL - 4, CELL - 4)),
-                                (col * CELL + 2, row * CELL + 2))
+            rgb, _ = decoded.get(key, (None, ""))
+            if rgb is not None:
+                sheet.paste(Image.fromarray(rgb).resize((CELL - 4, CELL - 4)),
+                            (col * CELL + 2, row * CELL + 2))
         draw.text((2 * CELL + 8, row * CELL + 8),
                   f"{x['kind']}  {x['score']:.4f}\ntrain {x['train_id'][-28:]}\n"
                   f"{x['reference_split']} {x['reference_id'][-28:]}", fill="black")

@@ -34,7 +34,6 @@ warnings.filterwarnings("ignore", message="You are using a non-supported Python 
 from keras_vit import storage  # noqa: E402
 from pipeline import ingest  # noqa: E402
 
-DEFAULT_OVERRIDES = {"patch_size": 4, "hidden_size": 64, "mlp_dim": 128, "num_heads": 4, "num_layers": 4}
 COMPONENT_ORDER = ("ImageExampleGen", "StatisticsGen", "SchemaGen", "CurateSchema", "ExampleValidator",
                    "ValidationGate", "Dedup", "Trainer", "latest_blessed_model_resolver", "Evaluator",
                    "ServingPusher")
@@ -258,8 +257,11 @@ def _define_flags():
     flags.DEFINE_list("class_names", None, "Class names for --tfrecords (default: from the data).")
     flags.DEFINE_float("eval_percent", 10.0,
                        "Percent of train held out as eval when the source has no eval split.")
-    flags.DEFINE_string("model", "ViT-Ti/16", "A keras_vit model name.")
-    flags.DEFINE_string("model_overrides", json.dumps(DEFAULT_OVERRIDES), "JSON of ViTConfig overrides.")
+    flags.DEFINE_boolean("skip_bad_records", False,
+                         "Leave out and count images that do not decode (not an image, over the pixel "
+                         "bound, cut short or corrupt); without it the first one stops the run, named.")
+    flags.DEFINE_string("model", "FMNIST-ViT", "A keras_vit model name.")
+    flags.DEFINE_string("model_overrides", "{}", "JSON of ViTConfig overrides.")
     register_json_object_flag("model_overrides")
     flags.DEFINE_integer("image_size", 28, "Model input size.")
     flags.DEFINE_integer("train_steps", 800, "Optimizer updates.")
@@ -323,7 +325,8 @@ def build_from_flags(FLAGS):
     try:
         spec = ingest.SourceSpec(dataset=None if given else FLAGS.dataset, data_dir=FLAGS.data_dir,
                                  image_dir=FLAGS.image_dir, tfrecords=tfrecords,
-                                 class_names=FLAGS.class_names, eval_percent=FLAGS.eval_percent)
+                                 class_names=FLAGS.class_names, eval_percent=FLAGS.eval_percent,
+                                 skip_bad_records=FLAGS.skip_bad_records)
     except ValueError as e:
         raise ConfigError(f"bad data flags:\n  {e}") from e
     train_config = {

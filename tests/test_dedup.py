@@ -51,7 +51,7 @@ def test_threshold_above_one_keeps_only_exact_copies(planted):
 
 def test_corrupt_bytes_name_the_record():
     good = png(np.zeros((8, 8), np.uint8))
-    with pytest.raises(dedup.BadImageError, match=r"train image 1: cannot decode image \(7 bytes\)"):
+    with pytest.raises(dedup.BadImageError, match=r"train image 1 \(7 bytes\) is not a JPEG"):
         dedup.find_near_duplicates([good, b"garbage"], [good])
     with pytest.raises(dedup.BadImageError, match="reference image 0"):
         dedup.find_near_duplicates([good], [b"\x89PNG\r\n\x1a\nbroken"])
@@ -71,8 +71,37 @@ def test_an_image_over_the_pixel_bound_or_cut_short_is_a_bad_record():
                                                   f"{DEFAULT_MAX_PIXELS:,}-pixel limit"):
         dedup.pixel_hash(bytes(bomb), "train record 7")
     photo = png(np.random.RandomState(0).randint(0, 256, (64, 64, 3), np.uint8))
-    with pytest.raises(dedup.BadImageError, match="train record 8: cannot decode image"):
+    with pytest.raises(dedup.BadImageError, match=r"train record 8 \(\d+ bytes, 64x64\) does not decode"):
         dedup.decode_gray(photo[:len(photo) // 2], "train record 8")
+
+
+def test_dedup_decodes_as_serving_does_a_batch_at_a_time_within_its_pixel_budget(monkeypatch):
+    import io
+
+    import tensorflow as tf
+    from PIL import Image
+
+    from keras_vit import preprocessing
+
+    rng = np.random.RandomState(1)
+    images = []
+    for i, (h, w) in enumerate([(30, 20), (8, 8), (17, 41), (64, 48)]):
+        buf = io.BytesIO()
+        Image.fromarray(rng.randint(0, 256, (h, w, 3), np.uint8)).save(buf, "JPEG" if i % 2 else "PNG")
+        images.append(buf.getvalue())
+    images.insert(2, images[1][:40])  # cut short: refused by name, its neighbours unharmed
+    names = [f"r{i}" for i in range(len(images))]
+    whole = dedup.decode_rgb(images, names)
+    monkeypatch.setattr(dedup, "BATCH_PIXELS", 700)  # runs of one or two images
+    assert len(dedup._chunks(images)) > 2
+    for (a, pa), (b, pb), data, name in zip(whole, dedup.decode_rgb(images, names), images, names):
+        assert pa == pb
+        if pa:
+            assert a is None and b is None and pa.startswith(name + " (40 bytes")
+            continue
+        served = preprocessing.decode_image(tf.constant(data)).numpy()
+        np.testing.assert_array_equal(a, served)
+        np.testing.assert_array_equal(b, served)
 
 
 def test_empty_inputs_and_flat_images():
@@ -133,7 +162,7 @@ def test_beam_job_finds_the_same_pairs_as_the_in_memory_api(planted, tmp_path):
 
 def test_beam_job_names_a_corrupt_record(tmp_path):
     good = png(np.zeros((8, 8), np.uint8))
-    with pytest.raises(Exception, match=r"train record t1: cannot decode image \(7 bytes\)"):
+    with pytest.raises(Exception, match=r"train record t1 \(7 bytes\) is not a JPEG, PNG, GIF or BMP image"):
         _run_beam([good, b"garbage"], [good], tmp_path)
 
 

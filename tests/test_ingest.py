@@ -17,7 +17,10 @@ def test_make_example_holds_every_field_and_the_pixel_hash():
     assert ingest.feature_int(ex, ingest.LABEL) == 3
     assert ingest.feature_bytes(ex, ingest.LABEL_NAME) == b"dress"
     assert ingest.feature_bytes(ex, ingest.SOURCE_ID) == b"train/dress/a.png"
-    assert ingest.feature_bytes(ex, ingest.HASH).decode() == dedup.pixel_hash(image)
+    assert ingest.feature_bytes(ex, ingest.HASH) is None
+    (hashed,) = ingest.with_pixel_hashes([ex])
+    assert ingest.feature_bytes(hashed, ingest.HASH).decode() == dedup.pixel_hash(image)
+    assert ingest.feature_bytes(ingest.make_example(image, 3, "dress", "a", "h0"), ingest.HASH) == b"h0"
 
 
 def test_eval_slice_is_stable_and_about_the_asked_fraction():
@@ -76,8 +79,10 @@ def test_image_folder_errors_say_what_is_wrong(tmp_path):
 def test_a_corrupt_image_file_is_named(tmp_path):
     _tree(tmp_path, {"train/cat/broken.png": b"\x89PNG\r\n\x1a\nnot really"})
     entry = (str(tmp_path / "train" / "cat" / "broken.png"), "cat")
-    with pytest.raises(dedup.BadImageError, match=r"train/cat/broken.png: cannot decode image \(18 bytes\)"):
-        ingest._read_image_file(entry, str(tmp_path), {"cat": 0})
+    record = ingest._read_image_file(entry, str(tmp_path), {"cat": 0})
+    with pytest.raises(dedup.BadImageError, match=r"^train/cat/broken.png \(18 bytes\) declares no image "
+                                                  r"size .*; skip_bad_records leaves such records out$"):
+        ingest.with_pixel_hashes([record])
 
 
 def _user_record(**features):
@@ -95,7 +100,8 @@ def test_user_records_are_completed_and_incomplete_ones_passed_on():
     full = ingest._complete_record(_user_record(image=image, label=1), ["a", "b"])
     assert ingest.feature_bytes(full, ingest.LABEL_NAME) == b"b"
     assert ingest.feature_bytes(full, ingest.SOURCE_ID).startswith(b"tfrecord:")
-    assert ingest.feature_bytes(full, ingest.HASH).decode() == dedup.pixel_hash(image)
+    (hashed,) = ingest.with_pixel_hashes([full])
+    assert ingest.feature_bytes(hashed, ingest.HASH).decode() == dedup.pixel_hash(image)
     user = _user_record(image=image, label=1, source_id=b"mine", label_name=b"B")
     kept = ingest._complete_record(user, None)
     assert ingest.feature_bytes(kept, ingest.SOURCE_ID) == b"mine"
@@ -103,6 +109,7 @@ def test_user_records_are_completed_and_incomplete_ones_passed_on():
     no_image = ingest._complete_record(_user_record(label=0), ["a", "b"])
     assert ingest.feature_bytes(no_image, ingest.IMAGE) is None  # for data validation to report
     assert ingest.feature_int(no_image, ingest.LABEL) == 0
+    assert ingest.with_pixel_hashes([no_image]) == [no_image]  # unhashed, not refused
 
 
 def test_class_names_from_the_labels_seen():
@@ -176,6 +183,37 @@ def test_tfds_source_gives_train_eval_and_test(fake_fmnist, tmp_path):
     assert ingest.feature_bytes(ex, ingest.LABEL_NAME).decode() == names[label]
     image = ingest.feature_bytes(ex, ingest.IMAGE)
     assert ingest.feature_bytes(ex, ingest.HASH).decode() == dedup.pixel_hash(image)
+
+
+def test_each_kind_of_bad_image_stops_ingestion_named_or_is_left_out_and_counted(tmp_path):
+    import re
+
+    import apache_beam as beam
+    from apache_beam.metrics.metric import MetricsFilter
+
+    from conftest import make_image_folder, write_bad_images
+
+    root = make_image_folder(tmp_path / "images")
+    bad = write_bad_images(tmp_path / "images" / "train" / "dog")
+    with pytest.raises(Exception, match=r"train/dog/(" + "|".join(bad) + r")\b"):
+        _ingest(ingest.SourceSpec(image_dir=root), str(tmp_path / "strict"))
+
+    spec = ingest.SourceSpec(image_dir=root, skip_bad_records=True)
+    p = beam.Pipeline()
+    got = ingest.read_source(p, spec, parallelism=3)
+    for split, pcoll in got.splits.items():
+        _ = (pcoll | f"Ids[{split}]" >> beam.Map(lambda ex: ingest.feature_bytes(ex, ingest.SOURCE_ID))
+             | f"Text[{split}]" >> beam.Map(bytes.decode)
+             | f"Write[{split}]" >> beam.io.WriteToText(str(tmp_path / "kept" / split)))
+    result = p.run()
+    result.wait_until_finish()
+    kept = {split: [line for path in tf.io.gfile.glob(str(tmp_path / "kept" / split) + "*")
+                    for line in open(path).read().split()] for split in got.splits}
+    name = ingest.bad_records_counter("train")
+    counted = result.metrics().query(MetricsFilter().with_name(name))["counters"]
+    assert sum(c.committed for c in counted) == len(bad) == 4
+    assert len(kept["train"]) + len(kept["eval"]) == 12 and len(kept["test"]) == 6  # every good image
+    assert not any(re.search("|".join(bad), i) for v in kept.values() for i in v)
 
 
 def test_tfrecord_source_learns_class_names_from_the_data(tmp_path):

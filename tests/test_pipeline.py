@@ -18,7 +18,10 @@ import tensorflow as tf
 
 from keras_vit import fashion_mnist
 from keras_vit.training import ConfigError
+from conftest import write_bad_images
 from planting import example_record, png, write_image_folder
+
+pytestmark = pytest.mark.slow
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 COMPONENTS = ("ImageExampleGen", "StatisticsGen", "SchemaGen", "CurateSchema", "ExampleValidator",
@@ -73,15 +76,16 @@ def runs(fmnist, tmp_path_factory):
     base = tmp_path_factory.mktemp("pipeline")
     images = str(base / "images")
     planted = write_image_folder(images, train_x, train_y, test_x, test_y, fashion_mnist.CLASS_NAMES)
+    bad = write_bad_images(base / "images" / "train" / "coat")  # left out and counted
     # Trained in bf16 and served in float32, as for CPUs without fast bf16.
     common = [f"--image_dir={images}", f"--pipeline_root={base / 'root'}",
               f"--serving_dir={base / 'serving'}", "--model_name=fmnist",
-              "--precision=mixed_bfloat16", "--serving_precision=float32"]
+              "--precision=mixed_bfloat16", "--serving_precision=float32", "--skip_bad_records"]
     first = run_pipeline(*common, *SMALL)
     second = run_pipeline(*common, *SMALL)
     worse = run_pipeline(*common, *[f for f in SMALL if "accuracy" not in f], "--learning_rate=0",
                          "--accuracy_threshold=0")
-    return {"base": base, "planted": planted, "first": first, "second": second, "worse": worse,
+    return {"base": base, "planted": planted, "bad": bad, "first": first, "second": second, "worse": worse,
             "metadata": str(base / "root" / "metadata.sqlite")}
 
 
@@ -153,6 +157,25 @@ def artifact(metadata_path, artifact_id):
     return found.uri, props
 
 
+def producers(metadata_path):
+    """ML Metadata's own record: artifact id -> (component, execution id) that output it,
+    and execution id -> the artifact ids it took as inputs."""
+    from ml_metadata.proto import metadata_store_pb2
+
+    store = open_metadata(metadata_path)
+    node_of = {e.id: ctx.name.split(".", 1)[1] for ctx in store.get_contexts_by_type("node")
+               for e in store.get_executions_by_context(ctx.id)}
+    made, took = {}, {}
+    # A cached execution of a later run records the artifact it reused as an output too:
+    # the artifact's maker is its first.
+    for ev in sorted(store.get_events_by_execution_ids(list(node_of)), key=lambda ev: ev.execution_id):
+        if ev.type == metadata_store_pb2.Event.OUTPUT:
+            made.setdefault(ev.artifact_id, (node_of[ev.execution_id], ev.execution_id))
+        elif ev.type == metadata_store_pb2.Event.INPUT:
+            took.setdefault(ev.execution_id, []).append(ev.artifact_id)
+    return made, took
+
+
 def test_the_pushed_model_has_a_card_that_agrees_with_the_artifacts_that_made_it(runs):
     import tensorflow_model_analysis as tfma
 
@@ -164,7 +187,7 @@ def test_the_pushed_model_has_a_card_that_agrees_with_the_artifacts_that_made_it
     assert page.startswith("# fmnist version 1\n") and "\n| t-shirt-top | " in page
 
     # The Evaluator's numbers, read from its artifact through the card's MLMD id.
-    evaluation_uri, _ = artifact(runs["metadata"], card["mlmd"]["evaluation"])
+    evaluation_uri, _ = artifact(runs["metadata"], card["mlmd"]["artifacts"]["evaluation"])
     overall = {kv.key.name: kv.value.double_value.value
                for m in tfma.load_metrics(evaluation_uri) if not m.slice_key.single_slice_keys
                for kv in m.metric_keys_and_values
@@ -182,18 +205,31 @@ def test_the_pushed_model_has_a_card_that_agrees_with_the_artifacts_that_made_it
     assert weighted == pytest.approx(metrics["sparse_categorical_accuracy"], abs=1e-6)
 
     # Dedup's numbers, from its report artifact and the deduplicated examples.
-    _, report = artifact(runs["metadata"], card["mlmd"]["dedup_report"])
+    _, report = artifact(runs["metadata"], card["mlmd"]["artifacts"]["dedup_report"])
     data = card["data"]
     assert data["dedup_removed_by_reference"] == json.loads(report["removed"]) == summary["dedup"]
     assert data["dedup_removed_total"] == report["removed_total"]
-    _, examples = artifact(runs["metadata"], card["mlmd"]["examples"])
+    _, examples = artifact(runs["metadata"], card["mlmd"]["artifacts"]["examples"])
     assert data["split_counts"] == json.loads(examples["split_counts"])
     before = data["split_counts_before_dedup"]
     assert data["split_counts"]["train"] == before["train"] - report["removed_total"]
     assert data["source"].startswith("image folder ")
+    # Each kind of bad file was left out of train and counted, by ImageExampleGen.
+    skipped = json.loads(examples["bad_records_skipped"])
+    assert data["bad_records_skipped"] == {"train": len(runs["bad"])} == skipped
 
-    trainer = json.loads(open(os.path.join(artifact(runs["metadata"], card["mlmd"]["model_run"])[0],
-                                           "metrics.json")).read())
+    # The executions that made it, as ML Metadata's events record them.
+    made, took = producers(runs["metadata"])
+    ids, runs_of = card["mlmd"]["artifacts"], card["mlmd"]["executions"]
+    for name, component in (("examples", "Dedup"), ("dedup_report", "Dedup"), ("model", "Trainer"),
+                            ("model_run", "Trainer"), ("evaluation", "Evaluator"), ("blessing", "Evaluator")):
+        assert made[ids[name]] == (component, runs_of[component]), name
+    assert ("ImageExampleGen", runs_of["ImageExampleGen"]) in {made[a] for a in took[runs_of["Dedup"]]}
+    assert {ids["model"], ids["blessing"]} <= set(took[runs_of["ServingPusher"]])
+    assert "ML Metadata executions: ImageExampleGen " in page
+
+    run_uri, _ = artifact(runs["metadata"], card["mlmd"]["artifacts"]["model_run"])
+    trainer = json.loads(open(os.path.join(run_uri, "metrics.json")).read())
     assert card["model"] == {"name": trainer["model"], "config": trainer["model_config"],
                              "params": trainer["params"], "macs": trainer["macs"]}
     assert card["training"] == {k: trainer[k] for k in ("recipe", "steps", "batch_size", "precision",
