@@ -20,15 +20,7 @@ def best_seconds(fn: Callable[[], object], min_seconds: float = 2.0, min_iterati
 
     The minimum, not the mean: on a shared machine noise only ever adds time.
     """
-    return side_by_side({"fn": fn}, min_seconds, min_iterations, warmup)["fn"]
-
-
-def side_by_side(cases: Dict[str, Callable[[], object]], min_seconds: float = 2.0, min_rounds: int = 3,
-                 warmup: int = 1) -> Dict[str, float]:
-    """The fastest call of each case, in seconds, with the cases' calls interleaved
-    (`interleaved_times`)."""
-    times = interleaved_times(cases, min_seconds, min_rounds, warmup)
-    return {name: float(t.min()) for name, t in times.items()}
+    return float(interleaved_times({"fn": fn}, min_seconds, min_iterations, warmup)["fn"].min())
 
 
 def interleaved_times(cases: Dict[str, Callable[[], object]], min_seconds: float = 2.0, min_rounds: int = 3,
@@ -67,52 +59,17 @@ def speedup(base_seconds, new_seconds, confidence: float = 0.9, resamples: int =
     to 8% between runs, the median of 60 paired ratios by at most 1.1%. An interval
     that holds 1 means the two were not told apart.
     """
-    ratios = _paired_ratios(base_seconds, new_seconds)
-    _check_confidence(confidence)
+    base, new = np.asarray(base_seconds, dtype=float), np.asarray(new_seconds, dtype=float)
+    if base.shape != new.shape or base.ndim != 1 or not len(base):
+        raise ValueError(f"need the same number of rounds for both, got {base.shape} and {new.shape}")
+    if not 0 < confidence < 1:
+        raise ValueError(f"confidence must be in (0, 1), got {confidence}")
+    ratios = base / new
     picks = np.random.default_rng(seed).integers(0, len(ratios), (resamples, len(ratios)))
     medians = np.median(ratios[picks], axis=1)
     tail = (1 - confidence) / 2
     low, high = np.quantile(medians, [tail, 1 - tail])
     return float(np.median(ratios)), float(low), float(high)
-
-
-def pooled_speedup(runs, confidence: float = 0.9, resamples: int = 2000,
-                   seed: int = 0) -> Tuple[float, float, float]:
-    """`speedup` over several runs: the geometric mean of the runs' median paired
-    ratios, and a bootstrap interval that resamples the runs, then each run's rounds.
-
-    `runs` is a list of `(base_seconds, new_seconds)`, each pair `[rounds]` from one
-    run (runs may hold different numbers of rounds). Every run weighs the same, since
-    what a run shares (the process, the hour's neighbours on the cores) moved the ratio
-    between runs by more than the rounds within one did; so with few runs the interval
-    spans about their spread, and one run gives `speedup`'s median with a like interval.
-    """
-    _check_confidence(confidence)
-    if not runs:
-        raise ValueError("need at least one run")
-    ratios = [_paired_ratios(base, new) for base, new in runs]
-    rng = np.random.default_rng(seed)
-
-    def resampled_log_median(r):
-        return np.log(np.median(r[rng.integers(0, len(r), len(r))]))
-
-    estimates = [np.mean([resampled_log_median(ratios[j]) for j in rng.integers(0, len(ratios), len(ratios))])
-                 for _ in range(resamples)]
-    tail = (1 - confidence) / 2
-    low, high = np.exp(np.quantile(estimates, [tail, 1 - tail]))
-    return float(np.exp(np.mean([np.log(np.median(r)) for r in ratios]))), float(low), float(high)
-
-
-def _paired_ratios(base_seconds, new_seconds) -> np.ndarray:
-    base, new = np.asarray(base_seconds, dtype=float), np.asarray(new_seconds, dtype=float)
-    if base.shape != new.shape or base.ndim != 1 or not len(base):
-        raise ValueError(f"need the same number of rounds for both, got {base.shape} and {new.shape}")
-    return base / new
-
-
-def _check_confidence(confidence):
-    if not 0 < confidence < 1:
-        raise ValueError(f"confidence must be in (0, 1), got {confidence}")
 
 
 def fastest_per_round(*variants) -> np.ndarray:
@@ -130,6 +87,20 @@ def format_speedup(estimate: Tuple[float, float, float]) -> str:
     """`1.05x (1.01-1.09)`: a `speedup` with its interval."""
     median, low, high = estimate
     return f"{median:.3f}x ({low:.3f}-{high:.3f})"
+
+
+BEST_HEADER = ("| model | precision | batch | ours img/s | keras-hub img/s | ours / keras-hub (90% interval) "
+               "| ours % of peak |\n|---|---|---:|---:|---:|---:|---:|")
+
+
+def best_row(name, precision, batch, ours_times, hub_times, flops_per_image, peak_flops) -> str:
+    """The best-of table's row from each model's per-round times at its best XLA setting
+    (`measure.fastest_per_round`): img/s of the fastest calls, the paired ratio with its
+    interval, and ours as a share of `peak_flops`."""
+    ours, hub = batch / np.min(ours_times), batch / np.min(hub_times)
+    estimate = speedup(hub_times, ours_times)
+    return (f"| {name} | {precision} | {batch} | {ours:.1f} | {hub:.1f} | {format_speedup(estimate)} "
+            f"| {100 * ours * flops_per_image / peak_flops:.0f}% |")
 
 
 def fresh_models(build: Callable[[], Dict[str, object]], policy: str) -> Dict[str, object]:

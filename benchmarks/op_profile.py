@@ -13,8 +13,7 @@ call run without XLA) counts once. Asynchronous kernels are labelled by their ke
 type; in a bf16 `predict` the `PartitionedCall`s are fc1's XLA GELU
 (`keras_vit.layers.projection`). Ops overlap on the inter-op threads, so op time and
 the wall time per call (timed separately, also printed) need not agree: in training
-steps the optimizer's many small updates overlap the rest. The profile shares in RESULTS.md
-come from this. Figures, never assertions.
+steps the optimizer's many small updates overlap the rest. Figures, never assertions.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Images/s of our ViTs against keras-hub's `ViTBackbone`, and against the machine's matmul peak.
 
-    make bench                                   # benchmarks/RESULTS.md's tables (installs the bench extra)
+    make bench                                   # installs the bench extra, then runs this
     python -m benchmarks.vit_throughput --mode=train --models=ViT-Ti/16 --batch_sizes=32
 
 For every model, precision and batch size it times, in one process and with all their
@@ -8,17 +8,12 @@ calls interleaved, our model and keras-hub's of the same architecture under each
 setting, and prints for each setting images/s (of the fastest call), how much faster ours
 ran (the median over rounds of the paired calls' ratio, with a 90% bootstrap interval:
 `measure.speedup`), and achieved FLOP/s as a share of the `tf.matmul` peak measured in
-the same run in that precision's compute dtype. The table at the end is the issue's
-comparison, each model at its best XLA setting: per round, each model's faster setting
-(`measure.fastest_per_round`), paired as above. It judges that ratio against the
-precision's target (`--targets`: met when the whole interval is at or above it) and
-prints the share of the peak ours would need to reach the target, keras-hub's fastest
-call times the target: above 100%, no faster graph can meet it on that machine.
+the same run in that precision's compute dtype. The table at the end compares each model
+at its best XLA setting: per round, each model's faster setting
+(`measure.fastest_per_round`), paired as above.
 Inference counts 2 x MACs per image, as our model executes them
-(`keras_vit.flops.forward_macs(executed=True)`); a training step 6 x.
-With `--times_out=run.json` it also saves every timed call, and `benchmarks.pool_runs`
-judges the targets over several such runs, since on shared cores the ratio moves
-between runs by more than one run's interval is wide. Figures, never assertions.
+(`keras_vit.flops.forward_macs(executed=True)`); a training step 6 x. Figures, never
+assertions.
 """
 
 from __future__ import annotations
@@ -26,7 +21,7 @@ from __future__ import annotations
 import numpy as np
 from absl import app, flags
 
-from benchmarks import measure, run_record, targets
+from benchmarks import measure
 
 FLAGS = flags.FLAGS
 flags.DEFINE_enum("mode", "inference", ["inference", "train"], "Forward passes, or whole training steps.")
@@ -39,11 +34,6 @@ flags.DEFINE_float("min_seconds", 2.0, "Time each model for at least this long."
 flags.DEFINE_integer("min_rounds", 10, "Calls of each model at least (a round calls each once).",
                      lower_bound=3)
 flags.DEFINE_bool("keras_hub", True, "Also time keras-hub's ViTBackbone (needs `make bench`'s extra).")
-flags.DEFINE_list("targets", [],
-                  "precision=ratio: the ours / keras-hub each precision's best-of row is judged against "
-                  "(default: the issue's for --mode, benchmarks.targets.ISSUE_TARGETS).")
-flags.DEFINE_string("times_out", None,
-                    "Also save every timed call here (JSON), for benchmarks.pool_runs to pool several runs.")
 
 
 def _build(kind, config, num_classes):
@@ -61,21 +51,10 @@ def main(argv):
     from keras_vit import flops
     from keras_vit.configs import get_config
 
-    try:
-        target_ratios = targets.parse_targets(FLAGS.targets or targets.ISSUE_TARGETS[FLAGS.mode])
-    except ValueError as e:
-        raise app.UsageError(str(e))
-    record = run_record.new_record(FLAGS.mode, FLAGS.image_size)  # started now, before the peak
-    if FLAGS.times_out:  # a path that cannot be written is refused before the long work
-        try:
-            run_record.save(record, FLAGS.times_out)
-        except OSError as e:
-            raise app.UsageError(f"--times_out: cannot write {FLAGS.times_out}: {e}")
     kinds = ["ours", "keras-hub"] if FLAGS.keras_hub else ["ours"]
     print("Measuring the tf.matmul peak (2048 x 2048)...", flush=True)
     peak = measure.matmul_peak()
     print(", ".join(f"{k}: {v / 1e9:.0f} GFLOP/s" for k, v in peak.items()))
-    record["peak"] = peak
     flop_factor = 2 if FLAGS.mode == "inference" else 6
     num_classes = 0 if FLAGS.mode == "inference" else 1000
     header = ("| model | precision | batch | jit | ours img/s | keras-hub img/s "
@@ -103,9 +82,6 @@ def main(argv):
                      for case, m in models.items()},
                     len(models) * FLAGS.min_seconds, FLAGS.min_rounds)
                 del models
-                run_record.add_row(record, name, precision, batch, flops_per_image, times)
-                if FLAGS.times_out:  # after every case: an interrupted run keeps what it timed
-                    run_record.save(record, FLAGS.times_out)
                 for jit in jits:
                     ours = batch / times["ours", jit].min()
                     share = ours * flops_per_image / peak[compute]
@@ -121,20 +97,17 @@ def main(argv):
                 if FLAGS.keras_hub:
                     bests = {kind: measure.fastest_per_round(*(times[kind, jit] for jit in jits))
                              for kind in kinds}
-                    best.append(targets.best_row(
-                        name, precision, batch, bests["ours"], bests["keras-hub"], flops_per_image,
-                        peak[compute], target_ratios.get(precision)))
+                    best.append(measure.best_row(name, precision, batch, bests["ours"], bests["keras-hub"],
+                                                 flops_per_image, peak[compute]))
     keras.mixed_precision.set_global_policy("float32")
     print(f"\n{FLAGS.mode}, {FLAGS.image_size} px; peak: "
           + ", ".join(f"{k} {v / 1e9:.0f} GFLOP/s" for k, v in peak.items()))
     print(header)
     print("\n".join(rows))
     if FLAGS.keras_hub:
-        print("\nEach at its best of jit on/off, round by round (the issue's comparison):")
-        print(targets.BEST_HEADER)
+        print("\nEach at its best of jit on/off, round by round:")
+        print(measure.BEST_HEADER)
         print("\n".join(best))
-    if FLAGS.times_out:
-        print(f"\nEvery timed call: {FLAGS.times_out} (pool runs: python -m benchmarks.pool_runs FILE...)")
 
 
 if __name__ == "__main__":

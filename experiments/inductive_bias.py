@@ -54,8 +54,8 @@ def model_macs(kind: str, num_classes: int = 10) -> int:
     if kind == "resnet":
         stem = ResNetConfig(RESNET["num_layers"], RESNET["width_factor"])
         return sum(flops.resnet_macs(stem, common.IMAGE_SIZE).values()) + stem.out_channels * num_classes
-    overrides = {**common.SMALL_VIT, **(HYBRID if kind == "hybrid" else {})}
-    cfg = get_config("ViT-Ti/16").replace(image_size=common.IMAGE_SIZE, num_classes=num_classes, **overrides)
+    overrides = HYBRID if kind == "hybrid" else {}
+    cfg = get_config(common.MODEL).replace(image_size=common.IMAGE_SIZE, num_classes=num_classes, **overrides)
     return flops.forward_macs(cfg)
 
 

@@ -389,6 +389,7 @@ def ServingPusher(  # noqa: N802
         counts_before=json.loads(examples.get_string_custom_property("split_counts_before_dedup") or "{}"),
         counts_after=json.loads(examples.get_string_custom_property("split_counts") or "{}"),
         removed_by_reference=json.loads(dedup_report.get_string_custom_property("removed") or "{}"),
+        removed_total=dedup_report.get_int_custom_property("removed_total"),
         trainer=json.loads(storage.read_text(storage.join(model_run.uri, "metrics.json"))),
         evaluation_uri=evaluation.uri, eval_split="eval", class_names=read_class_names(examples.uri),
         code_digest=code_digest,

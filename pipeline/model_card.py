@@ -59,7 +59,8 @@ def per_class_accuracy(evaluation_uri: str, class_names: List[str]) -> Dict[str,
 
 
 def build(*, model_name: str, version: int, blessing: str, source: str, counts_before: Dict[str, int],
-          counts_after: Dict[str, int], removed_by_reference: Dict[str, int], trainer: dict,
+          counts_after: Dict[str, int], removed_by_reference: Dict[str, int], removed_total: int,
+          trainer: dict,
           evaluation_uri: str, eval_split: str, class_names: List[str], code_digest: str,
           mlmd: Dict[str, Dict[str, int]], bad_records_skipped: Dict[str, int]) -> dict:
     """The card's content. `trainer` is the Trainer's metrics.json (`keras_vit.training.train`);
@@ -68,7 +69,7 @@ def build(*, model_name: str, version: int, blessing: str, source: str, counts_b
         "model_name": model_name, "version": version, "blessing": blessing,
         "data": {"source": source, "split_counts_before_dedup": counts_before, "split_counts": counts_after,
                  "dedup_removed_by_reference": removed_by_reference,
-                 "dedup_removed_total": sum(removed_by_reference.values()),
+                 "dedup_removed_total": removed_total,
                  "bad_records_skipped": bad_records_skipped},
         "model": {"name": trainer["model"], "config": trainer["model_config"], "params": trainer["params"],
                   "macs": trainer["macs"]},
@@ -88,7 +89,9 @@ def markdown(card: dict) -> str:
              "| split | examples | before Dedup |", "| --- | ---: | ---: |"]
     lines += [f"| {s} | {n:,} | {data['split_counts_before_dedup'].get(s, n):,} |"
               for s, n in data["split_counts"].items()]
-    removed = ", ".join(f"{n} copies of {s} images" for s, n in data["dedup_removed_by_reference"].items())
+    # A training image may copy images of both eval and test: the counts by reference
+    # split may add up to more than the total.
+    removed = ", ".join(f"{n} copying {s} images" for s, n in data["dedup_removed_by_reference"].items())
     skipped = ", ".join(f"{n} in {s}" for s, n in data["bad_records_skipped"].items())
     lines += ["", f"Left out as undecodable: {skipped or 'none'}.",
               f"Dedup removed {data['dedup_removed_total']} training images ({removed or 'none'}).", "",

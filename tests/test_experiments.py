@@ -7,11 +7,13 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 
 import keras_vit.training
 from experiments import common
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+pytestmark = pytest.mark.slow
 QUICK = ["--steps=2", "--batch_size=16", "--dataset=fashion_mnist_local/mini"]
 
 

@@ -181,6 +181,7 @@ def _upload_image_folder(client, tmp_path, bucket, prefix, **sizes):
     return images
 
 
+@pytest.mark.slow
 def test_the_pipeline_reads_trains_and_pushes_in_buckets(s3, tmp_path):
     from keras_vit import fashion_mnist
 
@@ -219,6 +220,7 @@ def test_the_pipeline_reads_trains_and_pushes_in_buckets(s3, tmp_path):
     assert abs(served["sum"] - 1) < 1e-4 and served["class"] in folder_names
 
 
+@pytest.mark.slow
 def test_the_beam_components_run_in_a_worker_pool_reading_and_writing_buckets(s3, beam_services, tmp_path):
     """As on a cluster: a job service and an EXTERNAL worker pool, each its own process,
     whose workers have the AWS variables and nothing else S3-specific; ImageExampleGen,
@@ -245,6 +247,7 @@ def test_the_beam_components_run_in_a_worker_pool_reading_and_writing_buckets(s3
     assert "serving/vit/1/saved_model.pb" in _keys(client, "shared", "serving/")
 
 
+@pytest.mark.slow
 def test_tfrecords_in_a_bucket_are_read_and_validated_before_training(s3, tmp_path):
     import tensorflow as tf
     from planting import example_record, png

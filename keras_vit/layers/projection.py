@@ -7,11 +7,8 @@ import tensorflow as tf
 from keras_vit.layers import graph_kind
 
 # From this many rows on, a bfloat16 map runs as a 1x1 convolution (see
-# `_as_pointwise_conv`). Below it the convolution's fixed cost loses: one image at
-# 224 px (197 rows) ran ViT-Ti/16 about 5% slower; two images already ran as fast.
-# Single maps of D = 192 still lose a little at 394-577 rows (projection_forms), but
-# whole models do not: 1024 instead ran ViT-Ti/16 0.91x at 3 images and 0.83x at 5,
-# and ViT-B/16 0.95x at 2 and 5 (benchmarks.ab, 2026-12-03).
+# `_as_pointwise_conv`); below it the convolution's fixed cost loses (one 224 px image
+# is 197 rows; two already gain).
 CONV_MIN_ROWS = 384
 
 
@@ -48,10 +45,8 @@ def project_gelu(tokens, kernel, bias, approximate, training=None, few_rows=Fals
     oneDNN op in TF 2.16 fuses a GELU. So where XLA kernels are allowed (eagerly and in
     Keras's predict and evaluate steps, never in a graph that could be saved: see
     `graph_kind.xla_kernels_allowed`), bfloat16 inference runs the map as the 1x1
-    convolution with its bias, then the GELU as one XLA kernel. Measured on AMX cores
-    at 6304 rows: 1.23-1.43x the fused op for D = 192, 384 and 768; at 197 rows
-    0.83-0.85x (`benchmarks/projection_forms.py`), so a static batch below
-    `CONV_MIN_ROWS` rows keeps the fused op.
+    convolution with its bias, then the GELU as one XLA kernel, which wins from
+    `CONV_MIN_ROWS` rows on (docs/performance.md); a static batch below keeps the fused op.
 
     Args:
       tokens: `[N, K]`.
@@ -73,17 +68,16 @@ def project_gelu(tokens, kernel, bias, approximate, training=None, few_rows=Fals
         return fused()
     # A dynamic number of rows takes this form too, with no tf.cond: in a cond's branch
     # grappler no longer fuses the GELU into the matmul, and its eight elementwise ops
-    # then lose to this form at 197 rows too (3.0 against 1.8 ms for D = 768).
+    # then lose to this form at any number of rows.
     # Grappler infers no shape out of an XLA call (and merges a restating reshape
     # away); with the shape asserted, fc2's residual add still fuses into its convolution.
     return tf.ensure_shape(_xla_gelu(_as_pointwise_conv(tokens, kernel, bias, None), approximate),
                            [rows, kernel.shape[1]])
 
 
-# In float32 inside the kernel, rounded to the input's dtype once. On bf16 input XLA
-# rounds after each of the GELU's ops, which left 23-27% of the tanh GELU's outputs
-# (3% of the erf GELU's) an ulp off the correctly rounded value, under 1% this way, at
-# the same speed (elementwise_rates: the kernel is bound by its tanh either way).
+# In float32 inside the kernel, rounded to the input's dtype once: on bf16 input XLA
+# rounds after each of the GELU's ops, which leaves about a quarter of the tanh GELU's
+# outputs an ulp off; the kernel is bound by its tanh, so this costs nothing.
 # `approximate` is a Python bool, so each form is its own trace and kernel.
 @tf.function(jit_compile=True)
 def _xla_gelu(x, approximate):
@@ -91,8 +85,8 @@ def _xla_gelu(x, approximate):
 
 
 def _bf16_onednn_inference(tokens, training):
-    # The only graphs where the convolution forms beat the fused matmul: in float32 they
-    # ran 0.44-1.05x (projection_forms), in training 0.61x (the convolution's gradient).
+    # The only graphs where the convolution forms beat the fused matmul: not in float32,
+    # nor in training (the convolution's gradient is slower).
     return tokens.dtype == tf.bfloat16 and graph_kind.onednn_inference(training, tf.bfloat16)
 
 
@@ -118,11 +112,8 @@ def _as_pointwise_conv(tokens, kernel, bias, residual):
     an inner product on TF's plain weight layout: in bfloat16 that takes its AVX-512
     gemm, not the AMX kernels (`ONEDNN_VERBOSE=1`: `x64:gemm:jit`), far below the plain
     matmul's speed when K is the model width. The convolution, with its bias and
-    residual, runs on AMX (`brgconv_1x1`) at the matmul's. Measured on AMX
-    cores at 6304 rows: [768, 2304] 1.40x, [768, 768] with a residual 1.40x, [192, 576]
-    1.81x; ViT-B/16 inference 1.20x and ViT-Ti/16 1.15x at batch 32. In float32 the
-    convolution was no faster (0.44-1.05x, `benchmarks/projection_forms.py`), so float32
-    keeps the matmul.
+    residual, runs on AMX (`brgconv_1x1`) at the matmul's speed (docs/performance.md).
+    In float32 the convolution is no faster, so float32 keeps the matmul.
     """
     width, out = kernel.shape
     y = tf.nn.conv2d(tf.reshape(tokens, [1, -1, 1, width]), tf.reshape(kernel, [1, 1, width, out]),

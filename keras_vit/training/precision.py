@@ -87,8 +87,7 @@ def compute_dtype_twin(model):
     weights and casts them to the compute dtype at each call. The twin (same config,
     layers under the plain compute-dtype policy, the head still float32) holds them
     already cast, so its outputs are bit-identical to `model`'s, its weights take half
-    the memory, and the per-call casts are gone: ViT-B/16 in bf16 at batch 1 ran 1.48x
-    faster (benchmarks/RESULTS.md). A float32 model, or one that is not a
+    the memory, and the per-call casts are gone (docs/performance.md). A float32 model, or one that is not a
     `VisionTransformer`, comes back as it is. Not for training: the optimizer would
     then update bf16 weights.
     """
