@@ -66,7 +66,7 @@ def main(argv):
 
     import keras_vit
     from keras_vit.export import export_saved_model
-    from keras_vit.training.precision import set_precision
+    from keras_vit.precision import set_precision
 
     policy = set_precision(FLAGS.precision)
     model = keras_vit.create_model(FLAGS.model, num_classes=1000, image_size=FLAGS.image_size)

@@ -40,20 +40,20 @@ def _model(name, size):
     if name == "ResNet-50":
         return keras.applications.ResNet50(weights=None, input_shape=(size, size, 3), classes=1000)
     if name.startswith("keras-hub "):
-        config = keras_vit.get_config(name[len("keras-hub "):]).replace(image_size=size)
+        config = keras_vit.model_config(name[len("keras-hub "):]).replace(image_size=size)
         return measure.keras_hub_vit(config, num_classes=1000)
     return keras_vit.create_model(name, num_classes=1000, image_size=size)
 
 
 def _macs(name, size, model):
     from benchmarks import measure
-    from keras_vit import flops, get_config
+    from keras_vit import flops, model_config
 
     if name == "ResNet-50":
         return measure.conv_dense_macs(model)
     # keras-hub's backbone carries every token through every block; ours does not.
     hub = name.startswith("keras-hub ")
-    return flops.forward_macs(get_config(name.replace("keras-hub ", "")).replace(image_size=size),
+    return flops.forward_macs(model_config(name.replace("keras-hub ", "")).replace(image_size=size),
                               executed=not hub)
 
 
@@ -78,7 +78,7 @@ def main(argv):
     if FLAGS.case:
         return run_case(FLAGS.case)
     from benchmarks import measure
-    from keras_vit.training.precision import resolve_precision
+    from keras_vit.precision import resolve_precision
 
     FLAGS.precision = resolve_precision(FLAGS.precision)  # the children get the resolved policy
     compute = "bfloat16" if "bfloat16" in FLAGS.precision else "float32"

@@ -41,7 +41,7 @@ def main(argv):
 
     import keras_vit
     from benchmarks import measure, op_trace
-    from keras_vit.training.precision import resolve_precision
+    from keras_vit.precision import resolve_precision
 
     policy = resolve_precision(FLAGS.precision)
     model = measure.fresh_models(

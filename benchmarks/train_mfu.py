@@ -160,16 +160,16 @@ def main(argv):
 
     import keras_vit
     from benchmarks import measure
-    from keras_vit.configs import get_config
+    from keras_vit.configs import model_config
     from keras_vit.training import recipes
-    from keras_vit.training.precision import resolve_precision
+    from keras_vit.precision import resolve_precision
 
     where, name = device()
     gpu = where.startswith("/GPU")
     policy = resolve_precision(FLAGS.precision)
     compute = keras.DTypePolicy(policy).compute_dtype
     batch = FLAGS.batch_size or (256 if gpu else 8)
-    config = get_config(FLAGS.model).replace(image_size=FLAGS.image_size, num_classes=1000)
+    config = model_config(FLAGS.model).replace(image_size=FLAGS.image_size, num_classes=1000)
     setup = f"batch {batch}, {policy}, XLA {'on' if FLAGS.jit else 'off'}"
     print(f"{FLAGS.model} at {FLAGS.image_size} px, {setup}, on {name} ({where})", flush=True)
 

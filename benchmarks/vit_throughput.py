@@ -49,7 +49,7 @@ def main(argv):
     import keras
 
     from keras_vit import flops
-    from keras_vit.configs import get_config
+    from keras_vit.configs import model_config
 
     kinds = ["ours", "keras-hub"] if FLAGS.keras_hub else ["ours"]
     print("Measuring the tf.matmul peak (2048 x 2048)...", flush=True)
@@ -63,7 +63,7 @@ def main(argv):
     cases = [(kind, jit) for kind in kinds for jit in jits]
     rows, best = [], []
     for name in FLAGS.models:
-        config = get_config(name).replace(image_size=FLAGS.image_size, num_classes=max(num_classes, 1))
+        config = model_config(name).replace(image_size=FLAGS.image_size, num_classes=max(num_classes, 1))
         # What our model computes, not the architecture's count: the difference (7%
         # at 224 px) is its class-token-only last block, not a higher share of the peak.
         flops_per_image = flop_factor * flops.forward_macs(config, executed=True)

@@ -49,13 +49,14 @@ def build_resnet(num_classes, image_size):
 
 def model_macs(kind: str, num_classes: int = 10) -> int:
     from keras_vit import flops
-    from keras_vit.configs import ResNetConfig, get_config
+    from keras_vit.configs import ResNetConfig, model_config
 
     if kind == "resnet":
         stem = ResNetConfig(RESNET["num_layers"], RESNET["width_factor"])
         return sum(flops.resnet_macs(stem, common.IMAGE_SIZE).values()) + stem.out_channels * num_classes
     overrides = HYBRID if kind == "hybrid" else {}
-    cfg = get_config(common.MODEL).replace(image_size=common.IMAGE_SIZE, num_classes=num_classes, **overrides)
+    cfg = model_config(common.MODEL).replace(image_size=common.IMAGE_SIZE, num_classes=num_classes,
+                                             **overrides)
     return flops.forward_macs(cfg)
 
 

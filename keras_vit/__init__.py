@@ -9,9 +9,9 @@ warnings.filterwarnings("ignore", message="You are using a non-supported Python 
                         category=FutureWarning)
 
 from keras_vit.checkpoints import CheckpointError, inspect_checkpoint, interpolate_posembed, save_npz
-from keras_vit.configs import MODEL_CONFIGS, ResNetConfig, ViTConfig, get_config, list_models
+from keras_vit.configs import ResNetConfig, ViTConfig, list_models, model_config
 from keras_vit.pretrained import list_pretrained
-from keras_vit.training.precision import compute_dtype_twin
+from keras_vit.precision import compute_dtype_twin
 from keras_vit.vit import VisionTransformer, create_model, load_model
 
 # A trained model.keras holds its compiled optimizer, whose schedule and loss are ours:
@@ -22,17 +22,16 @@ __version__ = "0.1.0"
 
 __all__ = [
     "CheckpointError",
-    "MODEL_CONFIGS",
     "ResNetConfig",
     "ViTConfig",
     "VisionTransformer",
     "compute_dtype_twin",
     "create_model",
-    "get_config",
     "inspect_checkpoint",
     "interpolate_posembed",
     "list_models",
     "list_pretrained",
     "load_model",
+    "model_config",
     "save_npz",
 ]

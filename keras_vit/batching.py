@@ -39,7 +39,7 @@ from typing import Callable, Dict, Optional, Sequence
 import numpy as np
 import tensorflow as tf
 
-from keras_vit import storage
+from keras_vit import hardware, storage
 
 FILENAME = "batching_parameters.txt"
 BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64, 128)
@@ -145,8 +145,6 @@ def measure(saved_model_dir: str, num_cores: Optional[int] = None, **timing) -> 
     height, width = int(images.shape[1]), int(images.shape[2])
     serve = loaded.signatures["serving_default"]
     latencies = time_batches(lambda batch: serve(image_bytes=batch), _probe_jpeg(height, width), **timing)
-    from keras_vit import hardware
-
     safe = not hardware.onednn_runs("float32")
     return choose(latencies, cores() if num_cores is None else num_cores, concurrent_calls=safe), latencies
 
@@ -154,8 +152,6 @@ def measure(saved_model_dir: str, num_cores: Optional[int] = None, **timing) -> 
 def write(serving_root: str, params: BatchingParameters, latencies: Dict[int, float],
           measured: str) -> str:
     """Writes `serving_root/batching_parameters.txt`; `measured` names the model timed."""
-    from keras_vit import hardware
-
     lines = [f"# Measured for {measured} on {cores()} {hardware.describe()} cores: "
              "serving_default on JPEGs at the model's input size.",
              "# batch  ms per call  images/s"]

@@ -241,16 +241,17 @@ def list_models() -> list:
     return list(MODEL_CONFIGS)
 
 
-def get_config(name: str) -> ViTConfig:
-    """Returns the registered config for a paper name such as 'ViT-B/16' (case-insensitive)."""
+def _registered(name: str) -> ViTConfig:
     key = _normalise(name)
     if key not in _BY_KEY:
         raise ValueError(f"unknown model {name!r}; known models: {', '.join(MODEL_CONFIGS)}")
     return MODEL_CONFIGS[_BY_KEY[key]]
 
 
-def resolve_config(name_or_config: Union[str, "ViTConfig", dict]) -> ViTConfig:
-    """The config a paper name, a `ViTConfig`, its dict, or a path to its JSON stands for."""
+def model_config(name_or_config: Union[str, "ViTConfig", dict]) -> ViTConfig:
+    """The config a registered name (the paper's, case-insensitive: "ViT-B/16", "vit-b_16";
+    see `list_models`), a `ViTConfig`, its dict, or a path to its JSON stands for. The one
+    lookup of a model config; ValueError names an unknown model and lists the known."""
     if isinstance(name_or_config, ViTConfig):
         return name_or_config
     if isinstance(name_or_config, dict):
@@ -260,6 +261,6 @@ def resolve_config(name_or_config: Union[str, "ViTConfig", dict]) -> ViTConfig:
 
         return ViTConfig.from_json(storage.read_text(name_or_config))
     if isinstance(name_or_config, str):
-        return get_config(name_or_config)
+        return _registered(name_or_config)
     raise TypeError(
         f"expected a model name, a ViTConfig, its dict or a .json path, got {type(name_or_config)}")

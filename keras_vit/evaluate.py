@@ -25,7 +25,7 @@ FLAGS = flags.FLAGS
 
 def define_flags():
     from keras_vit.cli import register_shots_flag
-    from keras_vit.training import PRECISIONS
+    from keras_vit.precision import PRECISIONS
 
     flags.DEFINE_string("model", None, "A .keras file, an official .npz or a Hugging Face ViT directory.",
                         required=True)
@@ -61,7 +61,7 @@ def main(argv):
     from keras_vit import data, storage
     from keras_vit.cli import exit_for_bad_config, load_model_or_exit
     from keras_vit.evaluation import FewShotPlan
-    from keras_vit.training import precision
+    from keras_vit import precision
 
     data.quiet_info_logs()
     started = time.time()

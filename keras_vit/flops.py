@@ -61,8 +61,8 @@ def forward_macs(model_or_config: Union[ViTConfig, "object"], breakdown: bool = 
       An int, or a dict of ints when `breakdown` is set.
     """
     if isinstance(model_or_config, str):
-        from keras_vit.configs import get_config
-        cfg = get_config(model_or_config)
+        from keras_vit.configs import model_config
+        cfg = model_config(model_or_config)
     else:
         cfg = getattr(model_or_config, "config", model_or_config)
     if not isinstance(cfg, ViTConfig):

@@ -24,7 +24,8 @@ FLAGS = flags.FLAGS
 
 def define_flags():
     from keras_vit.cli import register_json_object_flag, register_shots_flag
-    from keras_vit.training import PRECISIONS, RECIPES, STRATEGIES
+    from keras_vit.precision import PRECISIONS
+    from keras_vit.training import RECIPES, STRATEGIES
 
     flags.DEFINE_string("model", "ViT-Ti/16", "Registered model name, or a ViTConfig JSON file.")
     flags.DEFINE_string("model_overrides", "{}", "JSON dict of config fields, e.g. '{\"patch_size\": 4}'.")
@@ -86,7 +87,7 @@ def _image_size(flag, model) -> int:
     from keras_vit import configs
 
     try:
-        height, width = configs.resolve_config(model).image_size if model else (224, 224)
+        height, width = configs.model_config(model).image_size if model else (224, 224)
     except (ValueError, OSError, TypeError):
         return 224
     return height if height == width else 224
@@ -149,8 +150,12 @@ def main(argv):
         print(f"SavedModel: {out}")
 
 
-if __name__ == "__main__":
+def run():
     from keras_vit.cli import run_app
 
     define_flags()
     run_app(main)
+
+
+if __name__ == "__main__":
+    run()

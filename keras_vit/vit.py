@@ -9,7 +9,7 @@ import keras
 from keras import ops
 
 from keras_vit import storage
-from keras_vit.configs import ViTConfig, resolve_config
+from keras_vit.configs import ViTConfig, model_config
 from keras_vit.layers import (ClassToken, EncoderBlock, LayerNorm, PatchEmbedding, PositionEmbedding,
                               ResNetStem, graph_kind)
 
@@ -215,7 +215,7 @@ def create_model(
         if entry is not None:
             config = config.replace(name=entry.name)
     else:
-        config = resolve_config(name_or_config)
+        config = model_config(name_or_config)
 
     if source is not None:
         # What the checkpoint's own config fixes (HF's exact GELU, its epsilon)

@@ -16,7 +16,8 @@ from typing import List, Optional
 import tensorflow_model_analysis as tfma
 from tfx import v1 as tfx
 
-from keras_vit.training import ConfigError, precision
+from keras_vit import precision
+from keras_vit.training import ConfigError
 from pipeline import components, ingest
 
 # A module path rather than a module file: TFX then builds no wheel, and the same
@@ -84,7 +85,7 @@ def create_pipeline(
     flag fails here rather than after ingestion, statistics and de-duplication. Its
     `weights` must exist here only for a local run (`metadata_config` set), which
     trains on this machine. `serving_precision` is the dtype policy the pushed
-    SavedModel computes in (one of `keras_vit.training.precision.PRECISIONS`); None
+    SavedModel computes in (one of `keras_vit.precision.PRECISIONS`); None
     keeps the training precision.
     """
     import tensorflow_data_validation as tfdv

@@ -243,7 +243,8 @@ def _define_flags():
     from absl import flags
 
     from keras_vit.cli import register_json_object_flag
-    from keras_vit.training import PRECISIONS, STRATEGIES
+    from keras_vit.precision import PRECISIONS
+    from keras_vit.training import STRATEGIES
 
     from pipeline import dedup
 

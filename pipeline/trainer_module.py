@@ -18,7 +18,7 @@ import os
 from tfx.components.trainer.fn_args_utils import FnArgs
 
 from keras_vit import data, export
-from keras_vit.training import precision
+from keras_vit import precision
 from keras_vit.training import run as training
 
 _NOT_TRAIN_CONFIG = ("model_name", "code_digest", "serving_precision")

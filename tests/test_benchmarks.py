@@ -207,7 +207,7 @@ def test_train_mfu_times_the_steps_it_counts():
     from keras_vit import flops
     from keras_vit.training import recipes
 
-    config = keras_vit.get_config("ViT-Ti/16").replace(image_size=32, num_classes=3)
+    config = keras_vit.model_config("ViT-Ti/16").replace(image_size=32, num_classes=3)
     assert train_mfu.step_flops(config, 4) == 24 * flops.forward_macs(config, executed=True)
     model = measure.fresh_models(lambda: {"ours": keras_vit.create_model(config)}, "float32")["ours"]
     recipes.compile_model(model, recipes.get_recipe("pretrain", batch_size=2), total_steps=20,

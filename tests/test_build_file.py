@@ -125,3 +125,19 @@ def test_imports_of_our_modules_are_reachable_through_deps(path):
                 continue  # a name imported from a module, not a module
             assert target in reachable, (f"{path} imports {prefix} ({target}) "
                                          f"but {owner} does not depend on it")
+
+
+def test_every_command_line_tool_is_a_console_script():
+    import ast
+    import configparser
+
+    config = configparser.ConfigParser()
+    config.read(os.path.join(ROOT, "setup.cfg"))
+    scripts = dict(line.split(" = ") for line in config["options.entry_points"]["console_scripts"].split("\n")
+                   if line.strip())
+    verbs = ("train", "evaluate", "export", "predict", "visualize", "zoo", "batching")
+    assert {f"keras-vit-{v}" for v in verbs} <= set(scripts), sorted(scripts)
+    for name, target in scripts.items():  # read, not imported: some CLIs define absl flags on import
+        module, _, function = target.partition(":")
+        tree = ast.parse(open(os.path.join(ROOT, *module.split(".")) + ".py").read())
+        assert function in {n.name for n in tree.body if isinstance(n, ast.FunctionDef)}, name

@@ -137,7 +137,7 @@ def test_saved_model_needs_no_xla(exported, tmp_path, policy):
     from tensorflow.core.protobuf import saved_model_pb2
 
     from keras_vit.layers.projection import CONV_MIN_ROWS
-    from keras_vit.training.precision import with_policy
+    from keras_vit.precision import with_policy
 
     model, _, path = exported
     if policy != "float32":
@@ -221,7 +221,7 @@ def test_bf16_export_in_a_fresh_process_takes_either_projection_form(exported, t
     convolutions from CONV_MIN_ROWS rows, matmuls below): batches on each side of
     the threshold give the Keras model's probabilities, with oneDNN's rewrites on or off."""
     from keras_vit.layers.projection import CONV_MIN_ROWS
-    from keras_vit.training.precision import with_policy
+    from keras_vit.precision import with_policy
 
     mixed = with_policy(exported[0], "mixed_bfloat16")
     path = export_saved_model(mixed, str(tmp_path / "bf16"), class_names=CLASSES, warmup=False)
@@ -385,7 +385,7 @@ def _variables(version_dir):
 
 
 def test_mixed_precision_export_stores_bf16_weights_with_the_same_outputs(exported, tmp_path):
-    from keras_vit.training.precision import with_policy
+    from keras_vit.precision import with_policy
 
     mixed = with_policy(exported[0], "mixed_bfloat16")
     cast = export_saved_model(mixed, str(tmp_path / "cast"), class_names=CLASSES, warmup=False)
@@ -447,7 +447,7 @@ def test_command_line_export_of_a_checkpoint_at_another_resolution(tmp_path):
 
 
 def test_command_line_export_in_another_precision(exported, tmp_path):
-    from keras_vit.training.precision import with_policy
+    from keras_vit.precision import with_policy
 
     exported[0].save(str(tmp_path / "tiny.keras"))
     run = subprocess.run([sys.executable, "-m", "keras_vit.export", f"--model={tmp_path / 'tiny.keras'}",

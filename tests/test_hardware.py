@@ -40,7 +40,7 @@ def _in_a_fresh_process(env_opts):
     reads it once per process)."""
     code = textwrap.dedent("""
         from keras_vit import hardware
-        from keras_vit.training import set_precision
+        from keras_vit.precision import set_precision
         print(hardware.onednn_runs("float32"), hardware.onednn_runs("bfloat16"))
         set_precision("auto")
     """)

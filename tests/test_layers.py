@@ -366,7 +366,7 @@ def test_vit_predict_and_evaluate_steps_are_never_saved_traces():
     import tensorflow as tf
     from conftest import randomise, tiny
 
-    from keras_vit.training.precision import with_policy
+    from keras_vit.precision import with_policy
 
     skip_unless_onednn("bfloat16")
     model = with_policy(randomise(tiny(patch_size=4)), "mixed_bfloat16")

@@ -11,7 +11,7 @@ from conftest import TINY, randomise, tiny
 
 import keras_vit
 from keras_vit import ViTConfig
-from keras_vit.training.precision import with_policy
+from keras_vit.precision import with_policy
 
 
 OFFICIAL_PARAMS = {
@@ -81,7 +81,7 @@ def test_compute_dtype_twin_holds_cast_weights_and_gives_the_same_outputs(policy
 
 
 def test_to_precision_returns_the_model_or_its_twin_under_the_policy():
-    from keras_vit.training.precision import model_policy, to_precision
+    from keras_vit.precision import model_policy, to_precision
 
     mixed = with_policy(randomise(tiny()), "mixed_bfloat16")
     assert to_precision(mixed, "mixed_bfloat16") is mixed

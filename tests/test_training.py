@@ -25,7 +25,7 @@ from keras_vit import ViTConfig, data
 from keras_vit.flops import forward_macs
 from keras_vit.training import (ConfigError, TrainConfig, WarmupDecay, compile_model, get_recipe,
                                 make_strategy, resolve_precision, train)
-from keras_vit.training.precision import top1_agreement, with_policy
+from keras_vit.precision import top1_agreement, with_policy
 from keras_vit.training.recipes import SparseSigmoidCrossEntropy, make_optimizer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -30,11 +30,11 @@ def locate(name_or_config, weights, image_size=None):
        the weights' path, or None; the registry entry, or None).
     """
     from keras_vit import storage
-    from keras_vit.configs import get_config
+    from keras_vit.configs import model_config
 
     def paper_name(text):
         try:
-            get_config(text)
+            model_config(text)
             return True
         except ValueError:
             return False
@@ -101,10 +101,10 @@ def _shipped(labels: str) -> List[str]:
 
 
 def _architecture(entry: Pretrained):
-    from keras_vit.configs import get_config
+    from keras_vit.configs import model_config
 
-    return get_config(entry.model).replace(name=entry.name, image_size=entry.image_size,
-                                           representation_size=entry.representation_size)
+    return model_config(entry.model).replace(name=entry.name, image_size=entry.image_size,
+                                             representation_size=entry.representation_size)
 
 
 def fetch_url(url: str, progress: bool = True) -> str:

@@ -19,7 +19,8 @@ import keras
 
 from keras_vit import configs, data, flops, pretrained, storage
 from keras_vit.evaluation import FewShotPlan
-from keras_vit.training import distribute, precision, recipes
+from keras_vit import precision
+from keras_vit.training import distribute, recipes
 from keras_vit.training.csv_history import CSVHistory
 from keras_vit.training.fewshot import FewShotCallback
 
@@ -127,8 +128,8 @@ class TrainConfig:
             elif (self.model is not None or not self.weights) and not (
                     isinstance(self.model, str) and pretrained.names_weights(self.model)):
                 try:
-                    configs.resolve_config(self.model).replace(image_size=self.image_size,
-                                                               **self.model_overrides)
+                    configs.model_config(self.model).replace(image_size=self.image_size,
+                                                             **self.model_overrides)
                 except (ValueError, TypeError, OSError) as e:
                     problems.append(f"model {self.model!r}: {e}")
         if check_paths and self.weights and "://" not in self.weights and not pretrained.names_weights(

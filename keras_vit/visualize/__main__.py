@@ -108,7 +108,11 @@ def _run(vis, command, model, images, names, attention):
                lambda p: vis.plot_attention_distance(dist, p, image_extent=float(max(cfg.image_size))))
 
 
-if __name__ == "__main__":
+def run():
     from keras_vit.cli import run_app
 
     run_app(main)
+
+
+if __name__ == "__main__":
+    run()
