@@ -23,9 +23,9 @@ from conftest import TINY_OVERRIDES, make_image_folder, small_run, train_command
 import keras_vit
 from keras_vit import ViTConfig, data
 from keras_vit.flops import forward_macs
+from keras_vit.precision import resolve_precision, top1_agreement, with_policy
 from keras_vit.training import (ConfigError, TrainConfig, WarmupDecay, compile_model, get_recipe,
-                                make_strategy, resolve_precision, train)
-from keras_vit.precision import top1_agreement, with_policy
+                                make_strategy, train)
 from keras_vit.training.recipes import SparseSigmoidCrossEntropy, make_optimizer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
