@@ -54,19 +54,21 @@ def with_pixel_hashes(examples: Sequence[tf.train.Example], skip_bad_records: bo
     image passes unhashed, for data validation to report.
     """
     images = [ex for ex in examples if feature_bytes(ex, IMAGE) is not None]
-    decoded = dedup.decode_rgb([feature_bytes(ex, IMAGE) for ex in images],
-                               [feature_bytes(ex, SOURCE_ID).decode() for ex in images])
-    bad = set()
-    for ex, (rgb, problem) in zip(images, decoded):
+    decoded = iter(dedup.decode_rgb([feature_bytes(ex, IMAGE) for ex in images],
+                                    [feature_bytes(ex, SOURCE_ID).decode() for ex in images]))
+    kept = []
+    for ex in examples:
+        rgb, problem = next(decoded) if feature_bytes(ex, IMAGE) is not None else (None, "")
         if problem and not skip_bad_records:
             raise dedup.BadImageError(f"{problem}; skip_bad_records leaves such records out")
         if problem:
-            bad.add(id(ex))
             if on_skip is not None:
                 on_skip(problem)
-        else:
+            continue
+        if rgb is not None:
             ex.features.feature[HASH].bytes_list.value[:] = [dedup.hash_pixels(rgb).encode()]
-    return [ex for ex in examples if id(ex) not in bad]
+        kept.append(ex)
+    return kept
 
 
 def feature_bytes(example: tf.train.Example, key: str) -> Optional[bytes]:
