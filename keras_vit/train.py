@@ -13,7 +13,6 @@ again with the same --output_dir.
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 
@@ -23,60 +22,14 @@ FLAGS = flags.FLAGS
 
 
 def define_flags():
-    from keras_vit.cli import register_json_object_flag, register_shots_flag
-    from keras_vit.precision import PRECISIONS
-    from keras_vit.training import RECIPES, STRATEGIES
+    from keras_vit import cli
+    from keras_vit.training import TrainConfig
 
-    flags.DEFINE_string("model", "ViT-Ti/16", "Registered model name, or a ViTConfig JSON file.")
-    flags.DEFINE_string("model_overrides", "{}", "JSON dict of config fields, e.g. '{\"patch_size\": 4}'.")
-    register_json_object_flag("model_overrides")
-    flags.DEFINE_string("dataset", "fashion_mnist_local", "TFDS name (optionally name/config).")
-    flags.DEFINE_string("data_dir", None, "TFDS data directory.")
-    flags.DEFINE_string("image_dir", None,
-                        "A split/label/image folder (JPEG, PNG, GIF, BMP) instead of --dataset.")
-    flags.DEFINE_string("train_split", "train", "TFDS split to train on, e.g. 'train[:90%]'.")
-    flags.DEFINE_string("eval_split", None, "Split to evaluate on (default: test, else validation).")
-    flags.DEFINE_integer("image_size", None, "Training resolution (a multiple of the patch stride); default: "
-                         "the model's own (224 for the paper's models, 28 for FMNIST-ViT).")
-    flags.DEFINE_float("epochs", None, "Passes over the training split.")
-    flags.DEFINE_integer("steps", None, "Optimizer updates (overrides --epochs).")
-    flags.DEFINE_integer("batch_size", None, "Global batch size (default: the recipe's).")
-    flags.DEFINE_enum("recipe", "pretrain", list(RECIPES), "The paper's recipe.")
-    flags.DEFINE_float("learning_rate", None, "Peak learning rate (default: the recipe's).")
-    flags.DEFINE_float("weight_decay", None, "Decoupled weight decay on kernels.")
-    flags.DEFINE_integer("warmup_steps", None, "Linear warmup steps.")
-    flags.DEFINE_enum("decay", None, ["linear", "cosine"], "Decay after warmup.")
-    flags.DEFINE_float("dropout_rate", None, "Dropout (default: the recipe's).")
-    flags.DEFINE_float("label_smoothing", None, "Label smoothing.")
-    flags.DEFINE_enum("loss", None, ["softmax", "sigmoid"], "Cross-entropy kind.")
-    flags.DEFINE_string("weights", None, "Checkpoint to start from: an .npz or Hugging Face directory, or "
-                        "pretrained weights by name or tag (python -m keras_vit.zoo --pretrained).")
-    flags.DEFINE_enum("strategy", "auto", list(STRATEGIES), "tf.distribute strategy.")
-    flags.DEFINE_string("tpu", None, "TPU name or grpc:// address for --strategy=tpu ('local' on a TPU VM).")
-    flags.DEFINE_string("tpu_zone", None, "GCE zone of a Cloud TPU named by --tpu (default: from metadata).")
-    flags.DEFINE_string("tpu_project", None,
-                        "GCP project of a Cloud TPU named by --tpu (default: from metadata).")
-    flags.DEFINE_enum("precision", "auto", list(PRECISIONS),
-                      "Dtype policy; auto picks bf16 on bf16 hardware.")
-    flags.DEFINE_bool("jit_compile", False, "XLA-compile the train step.")
-    flags.DEFINE_integer("grad_accum", 1, "Gradient accumulation: micro-batches per update.")
-    flags.DEFINE_integer("checkpoint_every", None, "Steps between checkpoints (default: one pass).")
-    flags.DEFINE_integer("eval_every", 1, "Validate every N checkpoints; 0: only at the end.")
-    flags.DEFINE_integer("fewshot_every", 0,
-                         "Few-shot accuracy of the features on the eval split after the first checkpoint, "
-                         "every N and the last, logged as fewshot_<k>shot (0: never).")
-    flags.DEFINE_list("fewshot_shots", ["1", "5", "10", "25"], "Shot counts for --fewshot_every.")
-    register_shots_flag("fewshot_shots")
-    flags.DEFINE_string("output_dir", "runs/vit", "Where the model, logs and metrics go.")
+    # One flag per TrainConfig field (its help text is the field's), shown by --helpshort
+    # as this tool's own; then the CLI's own.
+    cli.define_config_flags(TrainConfig)
+    flags.adopt_module_key_flags(cli)
     flags.DEFINE_string("export_dir", None, "Also export a TF Serving SavedModel under this base dir.")
-    flags.DEFINE_integer("seed", 0, "Random seed.")
-    flags.DEFINE_bool("cache", False, "Cache the encoded dataset in memory.")
-    flags.DEFINE_bool("deterministic", False, "Deterministic input order and augmentation.")
-    flags.DEFINE_bool("skip_bad_records", False,
-                      "Drop and count bad training records instead of failing (bad evaluation records "
-                      "still fail).")
-    flags.DEFINE_float("crop_area_min", 0.05,
-                       "Smallest Inception-crop area (the paper's 0.05; larger for tiny images).")
 
 
 def _image_size(flag, model) -> int:
@@ -95,29 +48,15 @@ def _image_size(flag, model) -> int:
 
 def main(argv):
     del argv
-    from keras_vit.cli import exit_for_bad_config
+    from keras_vit.cli import config_from_flags, exit_for_bad_config
     from keras_vit.data import quiet_info_logs
     from keras_vit.training import ConfigError, TrainConfig, train
 
     quiet_info_logs()
 
-    cfg = TrainConfig(
-        model=FLAGS.model, model_overrides=json.loads(FLAGS.model_overrides), dataset=FLAGS.dataset,
-        data_dir=FLAGS.data_dir, image_dir=FLAGS.image_dir, train_split=FLAGS.train_split,
-        eval_split=FLAGS.eval_split, image_size=_image_size(FLAGS.image_size, FLAGS.model),
-        epochs=FLAGS.epochs, steps=FLAGS.steps,
-        batch_size=FLAGS.batch_size, recipe=FLAGS.recipe, learning_rate=FLAGS.learning_rate,
-        weight_decay=FLAGS.weight_decay, warmup_steps=FLAGS.warmup_steps, decay=FLAGS.decay,
-        dropout_rate=FLAGS.dropout_rate, label_smoothing=FLAGS.label_smoothing, loss=FLAGS.loss,
-        weights=FLAGS.weights, strategy=FLAGS.strategy, tpu=FLAGS.tpu, tpu_zone=FLAGS.tpu_zone,
-        tpu_project=FLAGS.tpu_project, precision=FLAGS.precision,
-        jit_compile=FLAGS.jit_compile, gradient_accumulation_steps=FLAGS.grad_accum,
-        checkpoint_every=FLAGS.checkpoint_every, output_dir=FLAGS.output_dir, seed=FLAGS.seed,
-        cache=FLAGS.cache, deterministic=FLAGS.deterministic, skip_bad_records=FLAGS.skip_bad_records,
-        crop_area_min=FLAGS.crop_area_min, eval_every=FLAGS.eval_every, fewshot_every=FLAGS.fewshot_every,
-        fewshot_shots=tuple(int(k) for k in FLAGS.fewshot_shots),
-        # A progress bar redraws itself with escape codes: a log file gets one line per chunk.
-        verbose=1 if sys.stdout.isatty() else 2)
+    # A progress bar redraws itself with escape codes: a log file gets one line per chunk.
+    cfg = config_from_flags(TrainConfig, image_size=_image_size(FLAGS.image_size, FLAGS.model),
+                            verbose=1 if sys.stdout.isatty() else 2)
     import tensorflow as tf
 
     from keras_vit.data import bad_record

@@ -239,6 +239,34 @@ def test_recipes_refuse_values_that_cannot_train(changes, message):
         get_recipe("finetune", **changes)
 
 
+def test_the_train_flags_are_made_from_train_config():
+    """Every TrainConfig field but `verbose` is a flag with the field's default, and
+    parsed flags give back the config they name, typed as the fields are."""
+    from absl import flags
+
+    from keras_vit.cli import config_from_flags, define_config_flags
+
+    fv = flags.FlagValues()
+    define_config_flags(TrainConfig, fv)
+    names = {f.name for f in dataclasses.fields(TrainConfig)} - {"verbose", "gradient_accumulation_steps"}
+    assert set(fv) == names | {"grad_accum"}
+    fv(["prog"])
+    defaults = dataclasses.replace(TrainConfig(), image_size=224)
+    assert config_from_flags(TrainConfig, fv, image_size=224) == defaults
+    assert fv["image_size"].value is None  # the CLI's own default: the model's resolution
+    fv(["prog", "--model=FMNIST-ViT", "--model_overrides={\"patch_size\": 7}", "--grad_accum=4",
+        "--fewshot_shots=2,3", "--precision=float32", "--decay=cosine", "--jit_compile", "--epochs=1.5",
+        "--image_size=56"])
+    cfg = config_from_flags(TrainConfig, fv, verbose=2)
+    assert (cfg.model, cfg.model_overrides, cfg.gradient_accumulation_steps, cfg.fewshot_shots) == (
+        "FMNIST-ViT", {"patch_size": 7}, 4, (2, 3))
+    assert (cfg.precision, cfg.decay, cfg.jit_compile, cfg.epochs, cfg.image_size, cfg.verbose) == (
+        "float32", "cosine", True, 1.5, 56, 2)
+    for bad in ("--recipe=nope", "--fewshot_shots=0", "--model_overrides=[1]", "--steps=x"):
+        with pytest.raises(flags.Error):
+            fv(["prog", bad])
+
+
 def test_the_cli_reports_a_bad_config_in_its_own_words(tmp_path):
     env = {**os.environ, "PYTHONPATH": ROOT}
     proc = subprocess.run(train_command(tmp_path / "run", 0, ["--learning_rate=-1"]), env=env,

@@ -15,6 +15,9 @@ from typing import Optional
 import keras
 from keras import ops
 
+DECAYS = ("linear", "cosine")  # after warmup
+LOSSES = ("softmax", "sigmoid")  # cross-entropy kinds
+
 
 @dataclasses.dataclass(frozen=True)
 class Recipe:
@@ -54,12 +57,12 @@ def recipe_problems(r: Recipe) -> list:
         (r.batch_size >= 1 and int(r.batch_size) == r.batch_size,
          f"batch_size must be a whole number >= 1, got {r.batch_size}"),
         (r.warmup_steps >= 0, f"warmup_steps must be >= 0, got {r.warmup_steps}"),
-        (r.decay in ("linear", "cosine"), f"decay must be 'linear' or 'cosine', got {r.decay!r}"),
+        (r.decay in DECAYS, f"decay must be 'linear' or 'cosine', got {r.decay!r}"),
         (r.grad_clip_norm is None or r.grad_clip_norm > 0,
          f"grad_clip_norm must be > 0 or None, got {r.grad_clip_norm}"),
         (0 <= r.dropout_rate < 1, f"dropout_rate must be in [0, 1), got {r.dropout_rate}"),
         (0 <= r.label_smoothing < 1, f"label_smoothing must be in [0, 1), got {r.label_smoothing}"),
-        (r.loss in ("softmax", "sigmoid"), f"loss must be 'softmax' or 'sigmoid', got {r.loss!r}"),
+        (r.loss in LOSSES, f"loss must be 'softmax' or 'sigmoid', got {r.loss!r}"),
         (0 <= r.momentum < 1, f"momentum must be in [0, 1), got {r.momentum}"),
         (0 <= r.beta_1 < 1 and 0 <= r.beta_2 < 1,
          f"beta_1 and beta_2 must be in [0, 1), got {r.beta_1}, {r.beta_2}"),
@@ -95,7 +98,7 @@ class WarmupDecay(keras.optimizers.schedules.LearningRateSchedule):
 
     def __init__(self, learning_rate, total_steps, warmup_steps=0, decay="linear", end_learning_rate=0.0,
                  steps_per_update=1):
-        if decay not in ("linear", "cosine"):
+        if decay not in DECAYS:
             raise ValueError(f"decay must be 'linear' or 'cosine', got {decay!r}")
         if total_steps <= 0 or warmup_steps < 0:
             raise ValueError(f"need total_steps > 0 and warmup_steps >= 0, got {total_steps}, {warmup_steps}")

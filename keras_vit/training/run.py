@@ -32,47 +32,70 @@ class ConfigError(ValueError):
     """A training config that cannot work; the message names every problem, one per line."""
 
 
+def _flag(default=None, help=None, **cli):
+    """A field that `python -m keras_vit.train` offers as a flag (`cli.define_config_flags`):
+    `help` is its text; `cli` may rename it (`flag=`), restrict it (`choices=`) or give
+    the command line its own default (`flag_default=`)."""
+    if isinstance(default, dict):  # mutable: each config its own copy
+        return dataclasses.field(default_factory=lambda: dict(default), metadata={"help": help, **cli})
+    return dataclasses.field(default=default, metadata={"help": help, **cli})
+
+
 @dataclasses.dataclass
 class TrainConfig:
-    model: str = "ViT-Ti/16"
-    model_overrides: dict = dataclasses.field(default_factory=dict)
-    dataset: Optional[str] = "fashion_mnist_local"
-    data_dir: Optional[str] = None
-    image_dir: Optional[str] = None
-    train_split: str = "train"
-    eval_split: Optional[str] = None  # default: test, else validation
-    image_size: int = 224
-    epochs: Optional[float] = None
-    steps: Optional[int] = None  # optimizer updates; overrides epochs
-    batch_size: Optional[int] = None  # global; default the recipe's
-    recipe: str = "pretrain"
-    learning_rate: Optional[float] = None
-    weight_decay: Optional[float] = None
-    warmup_steps: Optional[int] = None
-    decay: Optional[str] = None
-    dropout_rate: Optional[float] = None
-    label_smoothing: Optional[float] = None
-    loss: Optional[str] = None
-    weights: Optional[str] = None
-    strategy: str = "auto"
-    tpu: Optional[str] = None
-    tpu_zone: Optional[str] = None
-    tpu_project: Optional[str] = None
-    precision: str = "auto"
-    jit_compile: bool = False
-    gradient_accumulation_steps: int = 1
-    checkpoint_every: Optional[int] = None  # steps per chunk; default one pass over the data
-    output_dir: str = "runs/vit"
-    seed: int = 0
-    cache: bool = False
-    deterministic: bool = False
-    skip_bad_records: bool = False
-    crop_area_min: float = 0.05
-    eval_every: int = 1  # validate every N chunks; 0: only after the last
-    fewshot_every: int = 0  # few-shot on eval_split after the first chunk, every N and the last; 0: never
-    fewshot_shots: Tuple[int, ...] = (1, 5, 10, 25)
-    fewshot_test_examples: int = 1000  # a fixed random subset of eval_split
-    verbose: int = 1
+    """Everything one training run needs; each field with help text is also a flag of
+    `python -m keras_vit.train`, of the same name unless it says otherwise."""
+
+    model: str = _flag("ViT-Ti/16", "Registered model name, or a ViTConfig JSON file.")
+    model_overrides: dict = _flag({}, "JSON dict of config fields, e.g. '{\"patch_size\": 4}'.")
+    dataset: Optional[str] = _flag("fashion_mnist_local", "TFDS name (optionally name/config).")
+    data_dir: Optional[str] = _flag(None, "TFDS data directory.")
+    image_dir: Optional[str] = _flag(
+        None, "A split/label/image folder (JPEG, PNG, GIF, BMP) instead of --dataset.")
+    train_split: str = _flag("train", "TFDS split to train on, e.g. 'train[:90%]'.")
+    eval_split: Optional[str] = _flag(None, "Split to evaluate on (default: test, else validation).")
+    image_size: int = _flag(224, "Training resolution (a multiple of the patch stride); default: the "
+                            "model's own (224 for the paper's models, 28 for FMNIST-ViT).", flag_default=None)
+    epochs: Optional[float] = _flag(None, "Passes over the training split.")
+    steps: Optional[int] = _flag(None, "Optimizer updates (overrides --epochs).")
+    batch_size: Optional[int] = _flag(None, "Global batch size (default: the recipe's).")
+    recipe: str = _flag("pretrain", "The paper's recipe.", choices=tuple(recipes.RECIPES))
+    learning_rate: Optional[float] = _flag(None, "Peak learning rate (default: the recipe's).")
+    weight_decay: Optional[float] = _flag(None, "Decoupled weight decay on kernels.")
+    warmup_steps: Optional[int] = _flag(None, "Linear warmup steps.")
+    decay: Optional[str] = _flag(None, "Decay after warmup.", choices=recipes.DECAYS)
+    dropout_rate: Optional[float] = _flag(None, "Dropout (default: the recipe's).")
+    label_smoothing: Optional[float] = _flag(None, "Label smoothing.")
+    loss: Optional[str] = _flag(None, "Cross-entropy kind.", choices=recipes.LOSSES)
+    weights: Optional[str] = _flag(None, "Checkpoint to start from: an .npz or Hugging Face directory, or "
+                                   "pretrained weights by name or tag "
+                                   "(python -m keras_vit.zoo --pretrained).")
+    strategy: str = _flag("auto", "tf.distribute strategy.", choices=distribute.STRATEGIES)
+    tpu: Optional[str] = _flag(None, "TPU name or grpc:// address for --strategy=tpu "
+                               "('local' on a TPU VM).")
+    tpu_zone: Optional[str] = _flag(None, "GCE zone of a Cloud TPU named by --tpu (default: from metadata).")
+    tpu_project: Optional[str] = _flag(None, "GCP project of a Cloud TPU named by --tpu "
+                                       "(default: from metadata).")
+    precision: str = _flag("auto", "Dtype policy; auto picks bf16 on bf16 hardware.",
+                           choices=precision.PRECISIONS)
+    jit_compile: bool = _flag(False, "XLA-compile the train step.")
+    gradient_accumulation_steps: int = _flag(1, "Gradient accumulation: micro-batches per update.",
+                                             flag="grad_accum")
+    checkpoint_every: Optional[int] = _flag(None, "Steps between checkpoints (default: one pass).")
+    output_dir: str = _flag("runs/vit", "Where the model, logs and metrics go.")
+    seed: int = _flag(0, "Random seed.")
+    cache: bool = _flag(False, "Cache the encoded dataset in memory.")
+    deterministic: bool = _flag(False, "Deterministic input order and augmentation.")
+    skip_bad_records: bool = _flag(False, "Drop and count bad training records instead of failing (bad "
+                                   "evaluation records still fail).")
+    crop_area_min: float = _flag(0.05, "Smallest Inception-crop area (the paper's 0.05; larger for "
+                                 "tiny images).")
+    eval_every: int = _flag(1, "Validate every N checkpoints; 0: only at the end.")
+    fewshot_every: int = _flag(0, "Few-shot accuracy of the features on the eval split after the first "
+                               "checkpoint, every N and the last, logged as fewshot_<k>shot (0: never).")
+    fewshot_shots: Tuple[int, ...] = _flag((1, 5, 10, 25), "Shot counts for --fewshot_every.")
+    fewshot_test_examples: int = _flag(1000, "Few-shot test images: a fixed random subset of the eval split.")
+    verbose: int = 1  # Keras's fit verbosity; the CLI picks it from its terminal
 
     def recipe_obj(self) -> recipes.Recipe:
         return recipes.get_recipe(

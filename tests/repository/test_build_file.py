@@ -11,7 +11,7 @@ import re
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PACKAGES = ("keras_vit", "pipeline", "benchmarks", "experiments")
 
 
@@ -42,7 +42,7 @@ def tracked_python_files():
     files = []
     for package in PACKAGES:
         files += glob.glob(os.path.join(ROOT, package, "**", "*.py"), recursive=True)
-    files += glob.glob(os.path.join(ROOT, "tests", "*.py"))
+    files += glob.glob(os.path.join(ROOT, "tests", "**", "*.py"), recursive=True)
     return sorted(os.path.relpath(f, ROOT) for f in files)
 
 
