@@ -11,7 +11,7 @@ them, and prints, per op type (or per graph node), the time per call and its sha
 all op time. Times are exclusive: an op recorded inside another (the body of a function
 call run without XLA) counts once. Asynchronous kernels are labelled by their kernel
 type; in a bf16 `predict` the `PartitionedCall`s are fc1's XLA GELU
-(`keras_vit.layers.projection`). Ops overlap on the inter-op threads, so op time and
+(`keras_vit.layers.fast_paths`). Ops overlap on the inter-op threads, so op time and
 the wall time per call (timed separately, also printed) need not agree: in training
 steps the optimizer's many small updates overlap the rest. Figures, never assertions.
 """

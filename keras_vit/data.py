@@ -19,13 +19,19 @@ from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 import tensorflow as tf
-import tensorflow_datasets as tfds
 
-from keras_vit import fashion_mnist  # noqa: F401  (registers fashion_mnist_local)
-from keras_vit import storage
-from keras_vit import preprocessing
+from keras_vit import extras, preprocessing, storage
 
 AUTOTUNE = tf.data.AUTOTUNE
+
+
+def tfds():
+    """The `tensorflow_datasets` module, with `fashion_mnist_local` registered: imported
+    only where a TFDS dataset is used, so the model package needs no TFDS."""
+    tensorflow_datasets = extras.require("tensorflow_datasets", "data")
+    from keras_vit import fashion_mnist  # noqa: F401  (registers fashion_mnist_local)
+
+    return tensorflow_datasets
 
 
 @dataclasses.dataclass
@@ -33,7 +39,7 @@ class Source:
     """A prepared dataset: its builder and what the pipeline needs to know of it."""
 
     name: str
-    builder: tfds.core.DatasetBuilder
+    builder: object  # tfds.core.DatasetBuilder
     image_key: str
     label_key: str
     id_key: str
@@ -55,14 +61,15 @@ class Source:
 
     def raw(self, split: str, shuffle_files: bool = False, seed: Optional[int] = None) -> tf.data.Dataset:
         """Undecoded examples: dicts with the encoded image bytes, the label and a record id."""
-        decoders = {self.image_key: tfds.decode.SkipDecoding()}
+        tfds_ = tfds()
+        decoders = {self.image_key: tfds_.decode.SkipDecoding()}
         kwargs = dict(split=split, shuffle_files=shuffle_files)
         if self.id_key == "tfds_id":
             # Read only the image (undecoded) and the label: boxes, masks and the rest
             # are never parsed. (ImageFolder takes plain decoders only.)
-            decoders = tfds.decode.PartialDecoding({self.image_key: True, self.label_key: True},
-                                                   decoders=decoders)
-            kwargs["read_config"] = tfds.ReadConfig(add_tfds_id=True, shuffle_seed=seed)
+            decoders = tfds_.decode.PartialDecoding({self.image_key: True, self.label_key: True},
+                                                    decoders=decoders)
+            kwargs["read_config"] = tfds_.ReadConfig(add_tfds_id=True, shuffle_seed=seed)
         kwargs["decoders"] = decoders
         return self.builder.as_dataset(**kwargs)
 
@@ -155,7 +162,7 @@ def prepare(builder) -> None:
     tests) would race to rename their copies into place; a lock file beside the
     dataset makes the second wait, then find it prepared.
     """
-    config = tfds.download.DownloadConfig(try_download_gcs=False)
+    config = tfds().download.DownloadConfig(try_download_gcs=False)
     lock_path = builder.data_dir.rstrip("/") + ".lock"
     if "://" in lock_path:  # a bucket: no local lock to take
         builder.download_and_prepare(download_config=config)
@@ -295,16 +302,17 @@ def open_source(dataset: Optional[str] = "fashion_mnist_local", data_dir: Option
     """
     if image_dir is not None:
         return ImageFolderSource(image_dir)
+    tfds_ = tfds()
     try:
-        builder = tfds.builder(dataset, data_dir=data_dir)
-    except tfds.core.registered.DatasetNotFoundError as e:
+        builder = tfds_.builder(dataset, data_dir=data_dir)
+    except tfds_.core.registered.DatasetNotFoundError as e:
         raise ValueError(f"unknown TFDS dataset {dataset!r}: {e}") from e
     prepare(builder)
     keys = builder.info.supervised_keys or ("image", "label")
     image_key = image_key or keys[0]
     label_key = label_key or keys[1]
     features = builder.info.features
-    for key, kind in ((image_key, tfds.features.Image), (label_key, tfds.features.ClassLabel)):
+    for key, kind in ((image_key, tfds_.features.Image), (label_key, tfds_.features.ClassLabel)):
         if key not in features or not isinstance(features[key], kind):
             raise ValueError(f"{dataset}: feature {key!r} is not a {kind.__name__}; "
                              "pass image_key/label_key for this dataset")

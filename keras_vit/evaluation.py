@@ -14,6 +14,8 @@ from typing import Callable, Dict, Iterable, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
+from keras_vit import extras
+
 BIAS_FEATURE = 100.0
 DEFAULT_L2 = 2.0 ** 10
 
@@ -72,8 +74,7 @@ def extract_features(model, dataset, progress: bool = False) -> Tuple[np.ndarray
     batches, started = int(dataset.cardinality()), time.time()
     feats, labels = [], []
     for step, (images, y) in enumerate(dataset, 1):
-        # predict_on_batch runs a traced graph; a plain call ran op by op, 3.6x slower for
-        # ViT-Ti/16 at batch 32.
+        # predict_on_batch runs a traced graph; a plain call runs op by op, several times slower.
         feats.append(np.asarray(extractor.predict_on_batch(images), dtype=np.float64))
         labels.append(np.asarray(y).reshape(-1))
         if progress and (step == batches or step % max(1, batches // 10) == 0):
@@ -259,6 +260,7 @@ class FewShotPlan:
 
 def linear_probe(train_x, train_y, test_x, test_y, c: float = 1.0, max_iter: int = 1000) -> float:
     """Test accuracy of a multinomial logistic regression on frozen, standardised features."""
+    extras.require("sklearn", "eval")
     from sklearn.linear_model import LogisticRegression
     from sklearn.pipeline import make_pipeline
     from sklearn.preprocessing import StandardScaler

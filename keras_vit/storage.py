@@ -137,7 +137,8 @@ def check(path: str, timeout_s: float = 10.0) -> str:
     if str(path).startswith("s3://"):
         if not _s3["loaded"]:
             raise StorageError(f"{path}: TensorFlow has no filesystem for s3://. It comes with TensorFlow "
-                               "I/O: install the tensorflow-io build that matches your TensorFlow.")
+                               "I/O: pip install 'keras-vit[s3]', or the tensorflow-io build that matches "
+                               "your TensorFlow.")
         _check_bucket(path, timeout_s)
         return path
     try:

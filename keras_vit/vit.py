@@ -11,7 +11,7 @@ from keras import ops
 from keras_vit import storage
 from keras_vit.configs import ViTConfig, model_config
 from keras_vit.layers import (ClassToken, EncoderBlock, LayerNorm, PatchEmbedding, PositionEmbedding,
-                              ResNetStem, graph_kind)
+                              ResNetStem, fast_paths)
 
 
 @keras.saving.register_keras_serializable(package="keras_vit")
@@ -74,12 +74,12 @@ class VisionTransformer(keras.Model):
 
     def predict_step(self, data):
         # Keras runs these steps in process and never saves them, so they may take
-        # XLA kernels (see `graph_kind.xla_kernels_allowed`).
-        with graph_kind.never_saved():
+        # XLA kernels (see `fast_paths.xla_kernels_allowed`).
+        with fast_paths.never_saved():
             return super().predict_step(data)
 
     def test_step(self, data):
-        with graph_kind.never_saved():
+        with fast_paths.never_saved():
             return super().test_step(data)
 
     def forward(self, images, training=None, return_attention=False, return_tokens=False):

@@ -256,3 +256,26 @@ def test_vit_throughput_reports_a_row_per_xla_setting(tmp_path):
     rows = [r for r in table.splitlines() if r.startswith("| ViT-Ti/16 | float32 | 2 |")]
     assert [r.split(" | ")[3] for r in rows] == ["off", "on"], table
     assert "best of jit on/off" not in result.stdout  # the comparison needs keras-hub
+
+
+def test_revisions_times_two_checkouts_side_by_side():
+    """Against HEAD's worktree: a row per mode with both sides' images/s and the ratio,
+    and the worktree removed afterwards."""
+    import os
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    before = subprocess.run(["git", "-C", root, "worktree", "list"], capture_output=True, text=True).stdout
+    result = subprocess.run(
+        [sys.executable, "-m", "benchmarks.revisions", "--baseline=HEAD", "--models=FMNIST-ViT",
+         "--modes=inference,train", "--precisions=float32", "--batch_sizes=2", "--rounds=3", "--calls=1"],
+        capture_output=True, text=True, timeout=600, cwd=root)
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = [r for r in result.stdout.splitlines() if r.startswith("| FMNIST-ViT |")]
+    assert [r.split(" | ")[1] for r in rows[-2:]] == ["inference", "train"], result.stdout
+    for row in rows:
+        base, this, ratio = row.strip("| ").split(" | ")[-3:]
+        assert float(base) > 0 and float(this) > 0 and ratio.endswith(")") and "x (" in ratio, row
+    after = subprocess.run(["git", "-C", root, "worktree", "list"], capture_output=True, text=True).stdout
+    assert after == before

@@ -136,7 +136,7 @@ def test_saved_model_needs_no_xla(exported, tmp_path, policy):
     bf16 `predict` takes must stay out, even when the model has just predicted."""
     from tensorflow.core.protobuf import saved_model_pb2
 
-    from keras_vit.layers.projection import CONV_MIN_ROWS
+    from keras_vit.layers.fast_paths import CONV_MIN_ROWS
     from keras_vit.precision import with_policy
 
     model, _, path = exported
@@ -220,7 +220,7 @@ def test_bf16_export_in_a_fresh_process_takes_either_projection_form(exported, t
     """A mixed_bfloat16 export holds both forms of the encoder's projections (1x1
     convolutions from CONV_MIN_ROWS rows, matmuls below): batches on each side of
     the threshold give the Keras model's probabilities, with oneDNN's rewrites on or off."""
-    from keras_vit.layers.projection import CONV_MIN_ROWS
+    from keras_vit.layers.fast_paths import CONV_MIN_ROWS
     from keras_vit.precision import with_policy
 
     mixed = with_policy(exported[0], "mixed_bfloat16")

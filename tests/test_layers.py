@@ -11,7 +11,7 @@ import bf16_bounds
 from bf16_bounds import Bounded, assert_within
 from conftest import skip_unless_bf16_instructions, skip_unless_onednn
 from keras_vit import hardware, layers
-from keras_vit.layers import graph_kind
+from keras_vit.layers import fast_paths
 from keras_vit.layers.attention import num_relative_positions, relative_position_index
 from keras_vit.layers.embedding import sincos_2d
 
@@ -305,7 +305,7 @@ def _projection_ops(policy, batch, static, training=False, never_saved=False):
     block.build((None, 64, 16))
     spec = tf.TensorSpec((batch if static else None, 64, 16))
     fn = tf.function(lambda x: block(x, training=training), input_signature=[spec])
-    with graph_kind.never_saved() if never_saved else contextlib.nullcontext():
+    with fast_paths.never_saved() if never_saved else contextlib.nullcontext():
         nodes = _executed_graph(fn, np.zeros((batch, 64, 16), "float32"))
     fused = lambda kind: sorted([s.decode() for s in n.attr["fused_ops"].list.s]  # noqa: E731
                                 for n in nodes if n.op.endswith("Fused" + kind))
@@ -319,7 +319,7 @@ def test_bf16_projections_run_as_pointwise_convolutions_from_enough_rows():
     with their bias (and residual) fused in, from CONV_MIN_ROWS rows; fc1 keeps the
     matmul, the only op that fuses its GELU. (ViT-B/16 bf16 inference 1.20x and
     Ti/16 1.15x at batch 32, side by side.)"""
-    from keras_vit.layers.projection import CONV_MIN_ROWS
+    from keras_vit.layers.fast_paths import CONV_MIN_ROWS
 
     skip_unless_onednn("bfloat16")
     batch = -(-CONV_MIN_ROWS // 64)
@@ -337,12 +337,12 @@ def test_bf16_projections_run_as_pointwise_convolutions_from_enough_rows():
 
 
 def test_bf16_fc1_runs_as_a_convolution_and_an_xla_gelu_only_where_never_saved():
-    """In Keras's own predict and evaluate steps (`graph_kind.never_saved`), bf16 fc1
+    """In Keras's own predict and evaluate steps (`fast_paths.never_saved`), bf16 fc1
     runs as a 1x1 convolution with its bias, then its GELU as one XLA kernel: from
     CONV_MIN_ROWS rows, and with a dynamic batch. Any other trace could be saved, and
     TF Serving refuses XLA kernels on CPU: it keeps the fused GELU matmul. (ViT-S/16
     bf16 predict 1.10x at batch 32, side by side.)"""
-    from keras_vit.layers.projection import CONV_MIN_ROWS
+    from keras_vit.layers.fast_paths import CONV_MIN_ROWS
 
     skip_unless_onednn("bfloat16")
     batch = -(-CONV_MIN_ROWS // 64)
@@ -361,7 +361,7 @@ def test_bf16_fc1_runs_as_a_convolution_and_an_xla_gelu_only_where_never_saved()
 
 def test_vit_predict_and_evaluate_steps_are_never_saved_traces():
     """`VisionTransformer.predict_step` and `test_step` trace under
-    `graph_kind.never_saved`; `predict` in either form gives the portable graph's
+    `fast_paths.never_saved`; `predict` in either form gives the portable graph's
     logits, to bf16 rounding."""
     import tensorflow as tf
     from conftest import randomise, tiny
@@ -381,7 +381,7 @@ def test_vit_predict_and_evaluate_steps_are_never_saved_traces():
     for data in (x, tf.data.Dataset.from_tensor_slices(x).batch(8)):  # static, then dynamic batch
         bf16_bounds.assert_as_accurate(model.predict(data, verbose=0), expected, exact, "logits")
     seen = []
-    model.compile(loss=lambda y, logits: (seen.append(graph_kind.xla_kernels_allowed()), ops.mean(logits))[1])
+    model.compile(loss=lambda y, logits: (seen.append(fast_paths.xla_kernels_allowed()), ops.mean(logits))[1])
     model.evaluate(x, np.zeros(8), verbose=0)
     assert seen == [True]
 
@@ -424,13 +424,11 @@ def test_projection_computes_the_affine_map(rows, static, with_residual):
     (tests/bf16_bounds.py)."""
     import tensorflow as tf
 
-    from keras_vit.layers import projection
-
-    assert CONV_ROWS == projection.CONV_MIN_ROWS
+    assert CONV_ROWS == fast_paths.CONV_MIN_ROWS
     x, w, b, res = _bf16_operands(rows)
     operands = (x, w, b) + ((res,) if with_residual else ())
     residual = tf.cast(res, tf.bfloat16) if with_residual else None
-    y = _in_a_trace(projection.project, rows, static, w, b, residual)(tf.cast(x, tf.bfloat16))
+    y = _in_a_trace(fast_paths.dense, rows, static, w, b, residual)(tf.cast(x, tf.bfloat16))
     assert y.dtype == tf.bfloat16
     assert_within(tf.cast(y, tf.float32), _affine(*operands))
 
@@ -441,13 +439,11 @@ def test_both_projection_forms_compute_the_affine_map_on_these_cores(with_residu
     (everywhere else) compute the same map on whatever cores run the suite."""
     import tensorflow as tf
 
-    from keras_vit.layers import projection
-
     x, w, b, res = _bf16_operands(CONV_ROWS)
     operands = (x, w, b) + ((res,) if with_residual else ())
     expected = _affine(*operands)
     args = [tf.cast(a, tf.bfloat16) for a in (w, b)] + [tf.cast(res, tf.bfloat16) if with_residual else None]
-    for form in (projection._as_pointwise_conv, projection._as_matmul):
+    for form in (fast_paths._as_pointwise_conv, fast_paths._as_matmul):
         y = _in_a_trace(form, CONV_ROWS, True, *args)(tf.cast(x, tf.bfloat16))
         assert_within(tf.cast(y, tf.float32), expected)
 
@@ -460,13 +456,11 @@ def test_project_gelu_computes_the_map(rows, static, approximate):
     that is never saved (where bf16 fc1 may run its GELU as an XLA kernel)."""
     import tensorflow as tf
 
-    from keras_vit.layers import projection
-
     x, w, b, _ = _bf16_operands(rows)
     expected = _affine_gelu(x, w, b, approximate)
     for never_saved in (True, False):
-        fn = _in_a_trace(projection.project_gelu, rows, static, w, b, approximate)
-        with graph_kind.never_saved() if never_saved else contextlib.nullcontext():
+        fn = _in_a_trace(fast_paths.dense_gelu, rows, static, w, b, approximate)
+        with fast_paths.never_saved() if never_saved else contextlib.nullcontext():
             y = fn(tf.cast(x, tf.bfloat16))
         assert y.dtype == tf.bfloat16
         assert_within(tf.cast(y, tf.float32), expected)
@@ -479,13 +473,11 @@ def test_both_fc1_forms_compute_the_map_on_these_cores(approximate):
     whatever cores run the suite."""
     import tensorflow as tf
 
-    from keras_vit.layers import projection
-
     x, w, b, _ = _bf16_operands(CONV_ROWS)
     expected = _affine_gelu(x, w, b, approximate)
     w16, b16 = tf.cast(w, tf.bfloat16), tf.cast(b, tf.bfloat16)
-    forms = (lambda t: projection._xla_gelu(projection._as_pointwise_conv(t, w16, b16, None), approximate),
-             lambda t: tf.nn.gelu(projection._as_matmul(t, w16, b16, None), approximate=approximate))
+    forms = (lambda t: fast_paths._xla_gelu(fast_paths._as_pointwise_conv(t, w16, b16, None), approximate),
+             lambda t: tf.nn.gelu(fast_paths._as_matmul(t, w16, b16, None), approximate=approximate))
     for form in forms:
         assert_within(tf.cast(_in_a_trace(form, CONV_ROWS, True)(tf.cast(x, tf.bfloat16)), tf.float32),
                       expected)
@@ -494,8 +486,8 @@ def test_both_fc1_forms_compute_the_map_on_these_cores(approximate):
 @pytest.mark.parametrize("class_token_only", [False, True])
 def test_a_block_computes_the_same_with_and_without_the_onednn_forms(monkeypatch, class_token_only):
     """The forms written for oneDNN's rewrites (the LayerNorm pattern, the residual adds
-    inside the projections) and the plain ones compute the same block in float32 on
-    whatever cores run the suite, where the layers would pick either."""
+    inside the projections), taken here whatever the cores, and the plain forms
+    (`fast_paths.disabled`) compute the same block in float32."""
     import tensorflow as tf
 
     block = layers.EncoderBlock(num_heads=2, mlp_dim=32)
@@ -504,16 +496,56 @@ def test_a_block_computes_the_same_with_and_without_the_onednn_forms(monkeypatch
     for v in block.weights:
         v.assign(rng.normal(0, 0.5, v.shape) + (1.0 if "gamma" in v.path else 0.0))
     x = rng.normal(size=(3, 5, 16)).astype("float32")
+    monkeypatch.setattr(fast_paths, "onednn_inference",
+                        lambda training, dtype: fast_paths.enabled() and not training)
     outputs = []
     for forms in (True, False):
-        monkeypatch.setattr(graph_kind, "onednn_inference",
-                            lambda training, dtype, on=forms: on and not training)
-        fn = tf.function(lambda t: block(t, training=False, class_token_only=class_token_only),
-                         input_signature=[tf.TensorSpec((None, 5, 16))])
-        kinds = {op.type for op in fn.get_concrete_function().graph.get_operations()}
+        with contextlib.nullcontext() if forms else fast_paths.disabled():
+            fn = tf.function(lambda t: block(t, training=False, class_token_only=class_token_only),
+                             input_signature=[tf.TensorSpec((None, 5, 16))])
+            kinds = {op.type for op in fn.get_concrete_function().graph.get_operations()}
         assert ("FusedBatchNormV3" in kinds) is forms
         outputs.append(fn(x).numpy())
     np.testing.assert_allclose(*outputs, rtol=1e-5, atol=1e-5 * np.abs(outputs[1]).max())
+
+
+@pytest.mark.parametrize("policy", ["float32", "mixed_bfloat16"])
+@pytest.mark.parametrize("training", [False, True])
+def test_a_model_computes_the_same_with_and_without_fast_paths(policy, training):
+    """Whatever fast forms these cores take (`fast_paths`), a whole ViT's logits and, in
+    training, its gradients are the plain forms' (`KERAS_VIT_FAST_PATHS=0`): equal in
+    float32 to float32 rounding, and in bf16 as accurate against the float32 model."""
+    import tensorflow as tf
+    from conftest import randomise, tiny
+
+    from keras_vit.precision import with_policy
+
+    model = with_policy(randomise(tiny(patch_size=4)), policy)
+    exact = with_policy(model, "float32")
+    x = tf.constant(np.random.RandomState(0).uniform(-1, 1, (8, 32, 32, 3)).astype("float32"))
+
+    def run(model, plain):
+        with fast_paths.disabled() if plain else contextlib.nullcontext():
+            @tf.function(input_signature=[tf.TensorSpec((None, 32, 32, 3))])
+            def step(x):
+                with tf.GradientTape() as tape:
+                    logits = tf.cast(model(x, training=training), "float32")
+                    loss = tf.reduce_sum(logits * tf.range(1.0, logits.shape[-1] + 1.0))
+                grads = tape.gradient(loss, model.trainable_weights) if training else []
+                return logits, [tf.cast(tf.convert_to_tensor(g), "float32") for g in grads]
+            step.get_concrete_function()
+        return step(x)
+
+    (fast, fast_grads), (plain, plain_grads) = run(model, False), run(model, True)
+    if policy == "float32":
+        np.testing.assert_allclose(fast, plain, rtol=1e-5, atol=1e-5 * np.abs(plain).max())
+        for a, b in zip(fast_grads, plain_grads):
+            np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4 * np.abs(b.numpy()).max())
+        return
+    reference, reference_grads = run(exact, True)
+    bf16_bounds.assert_as_accurate(fast, plain, reference, "logits")
+    for v, a, b, e in zip(model.trainable_weights, fast_grads, plain_grads, reference_grads):
+        bf16_bounds.assert_as_accurate(a, b, e, f"gradient of {v.path}")
 
 
 def test_the_bf16_bound_refuses_bfloat16_accumulation():
@@ -564,10 +596,8 @@ def test_xla_gelu_kernels_are_the_named_gelu(approximate):
     """In float32, where the tanh form and the exact one differ (by up to ~5e-4)."""
     import tensorflow as tf
 
-    from keras_vit.layers import projection
-
     h = np.linspace(-5, 5, 1001)
-    y = projection._xla_gelu(tf.constant(h, tf.float32), approximate)
+    y = fast_paths._xla_gelu(tf.constant(h, tf.float32), approximate)
     np.testing.assert_allclose(y.numpy(), _gelu64(h, approximate), atol=2e-6)
 
 
@@ -577,10 +607,8 @@ def test_xla_gelu_kernels_round_bf16_once(approximate):
     as XLA does for bf16 ops, left a quarter of the tanh GELU's outputs an ulp off."""
     import tensorflow as tf
 
-    from keras_vit.layers import projection
-
     h = tf.cast(tf.random.stateless_normal([20000], seed=[1, 2]) * 2, tf.bfloat16)
-    y = projection._xla_gelu(h, approximate)
+    y = fast_paths._xla_gelu(h, approximate)
     assert y.dtype == tf.bfloat16
     exact = _gelu64(np.asarray(tf.cast(h, tf.float64)), approximate)
     correctly_rounded = tf.cast(exact, tf.bfloat16).numpy()
@@ -661,7 +689,7 @@ def test_under_xla_the_block_keeps_the_forms_xla_fuses():
     ViT-Ti/16 bf16 inference with XLA ran 1.17x faster for it, side by side."""
     import tensorflow as tf
 
-    from keras_vit.layers.graph_kind import compiling_with_xla
+    from keras_vit.layers.fast_paths import compiling_with_xla
 
     block = layers.EncoderBlock(num_heads=2, mlp_dim=32, dtype="mixed_bfloat16")
     block.build((None, 5, 16))
@@ -742,11 +770,10 @@ def _value_and_grad(fn, x, dy, dtype):
 
 
 def test_training_gelu_is_tanh_gelu_with_its_gradient():
-    """Training uses gelu_tanh_for_training (XLA-fused, closed-form gradient: bf16
-    ViT-Ti/16 train steps 1.5x faster); it must equal tf.nn.gelu's tanh form."""
+    """Training's fast GELU (XLA-fused, closed-form gradient) must equal tf.nn.gelu's tanh form."""
     import tensorflow as tf
 
-    from keras_vit.layers.encoder import gelu_tanh_for_training
+    gelu_tanh_for_training = fast_paths._gelu_tanh_for_training
 
     x, dy = _bf16_exact((64, 48), 0, scale=3.0), _bf16_exact((64, 48), 1)
     value_and_grad = lambda fn, dtype: _value_and_grad(fn, x, dy, dtype)  # noqa: E731
@@ -763,11 +790,10 @@ def test_training_gelu_is_tanh_gelu_with_its_gradient():
 
 
 def test_training_softmax_is_softmax_with_its_gradient():
-    """bf16 training takes softmax_for_training (XLA-fused gradient: ViT-Ti/16 train
-    steps 1.02-1.08x, B/16 at 384 px 1.05x); it must be tf.nn.softmax and its gradient."""
+    """bf16 training's fast softmax (XLA-fused gradient) must be tf.nn.softmax and its gradient."""
     import tensorflow as tf
 
-    from keras_vit.layers.attention import softmax_for_training
+    softmax_for_training = fast_paths._softmax_for_training
 
     logits, dy = _bf16_exact((2, 3, 17, 17), 0, scale=3.0), _bf16_exact((2, 3, 17, 17), 1)
     value_and_grad = lambda fn, dtype: _value_and_grad(fn, logits, dy, dtype)  # noqa: E731

@@ -15,7 +15,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from keras_vit import batching, precision, preprocessing, storage
+from keras_vit import batching, extras, precision, preprocessing, storage
 
 SIGNATURES = ("serving_default", "serving_examples", "predict_images")
 IMAGE_FEATURE = "image"
@@ -214,6 +214,7 @@ def _warmup_png(size, channels) -> bytes:
 
 def write_warmup_requests(version_dir: str, model_name: str, size, channels) -> str:
     """Writes PredictionLog records TF Serving replays at load time, one per byte signature."""
+    extras.require("tensorflow_serving", "serving")
     from tensorflow_serving.apis import model_pb2, predict_pb2, prediction_log_pb2
 
     png = _warmup_png(size, channels)
@@ -240,6 +241,8 @@ def write_models_config(serving_root: str, base_path_prefix: Optional[str] = Non
     directory mounted into the TF Serving container).
     """
     from google.protobuf import text_format
+
+    extras.require("tensorflow_serving", "serving")
     from tensorflow_serving.config import model_server_config_pb2
 
     config = model_server_config_pb2.ModelServerConfig()

@@ -9,8 +9,7 @@ import numpy as np
 import tensorflow as tf
 from keras import ops
 
-from keras_vit import hardware
-from keras_vit.layers import graph_kind, projection
+from keras_vit.layers import fast_paths
 
 
 def _glorot_blocks(num_blocks):
@@ -52,24 +51,6 @@ def num_relative_positions(grid_size, num_prefix_tokens) -> int:
     return (2 * gh - 1) * (2 * gw - 1) + (3 if num_prefix_tokens else 0)
 
 
-@tf.function(jit_compile=True)
-def _softmax_backward(y, dy):
-    y32, dy32 = tf.cast(y, tf.float32), tf.cast(dy, tf.float32)
-    return tf.cast((dy32 - tf.reduce_sum(dy32 * y32, axis=-1, keepdims=True)) * y32, dy.dtype)
-
-
-@tf.custom_gradient
-def softmax_for_training(logits):
-    """Softmax over the last axis whose gradient is one XLA-fused kernel (float32 inside).
-
-    TF's softmax gradient is four passes over `[B, H, T, T]` (two Muls, a Sum, a
-    Sub), slow in bfloat16 on CPU. Used for bfloat16 logits while training, like the
-    encoder's GELU: the SavedModel must not need XLA.
-    """
-    weights = tf.nn.softmax(logits, axis=-1)
-    return weights, lambda dy: _softmax_backward(weights, dy)
-
-
 @keras.saving.register_keras_serializable(package="keras_vit")
 class MultiHeadSelfAttention(keras.layers.Layer):
     """Scaled dot-product self-attention over `[B, T, D]` tokens.
@@ -79,8 +60,7 @@ class MultiHeadSelfAttention(keras.layers.Layer):
     per-head bias over 2D offsets of the patch grid is added to the logits.
 
     `call(x, return_attention=True)` also returns the attention weights `[B, H, T, T]`
-    in float32. Softmax runs in bfloat16 under mixed_bfloat16 where TF's oneDNN runs
-    bfloat16 (as in flax), and in float32 otherwise.
+    in float32. The softmax runs in `fast_paths.softmax_dtype`.
     """
 
     def __init__(self, num_heads, dropout_rate=0.0, relative_grid=None, num_prefix_tokens=0, **kwargs):
@@ -110,50 +90,63 @@ class MultiHeadSelfAttention(keras.layers.Layer):
             self._relative_index = relative_position_index(self.relative_grid, self.num_prefix_tokens)
 
     def call(self, x, training=None, return_attention=False):
-        shape = ops.shape(x)
-        out, weights = self.attend(ops.reshape(x, (-1, x.shape[-1])), shape[0], shape[1], training)
-        out = ops.reshape(out, shape)
-        if return_attention:
-            return out, ops.cast(weights, "float32")
-        return out
+        out, weights = self.attend(x, ops.shape(x), training)
+        out = ops.reshape(out, ops.shape(x))
+        return (out, ops.cast(weights, "float32")) if return_attention else out
 
-    def attend(self, tokens, batch, seq, training=None, residual=None):
-        """Attention over tokens flattened to `[B * T, D]`.
-
-        Returns the projected output `[B * T, D]` (plus `residual` `[B * T, D]` if
-        given, which then fuses into the out projection at inference) and the weights
-        `[B, H, T, T]` (in the softmax dtype).
-        """
-        # Projections run on [B*T, D]: a [B, T, D] @ [D, N] matmul is a broadcast batch
-        # matmul whose kernel gradient is B small matmuls plus a sum over B.
-        qkv = projection.project(tokens, self.qkv_kernel, self.qkv_bias, training=training)
-        q, k, v = self._heads(qkv, (batch, seq), 3)
-        # To tokens' own shape, not (-1, D): with a dynamic batch, grappler must see
-        # that the residual and this output match for the Add to fuse.
-        return self._mix(q, k, v, tokens.dtype, tf.shape(tokens), training, residual)
-
-    def attend_first(self, tokens, first, shape, training=None, residual=None):
-        """Attention from each image's first token alone, to all T tokens.
+    def attend(self, tokens, shape, training=None, residual=None, first_only=False):
+        """Attention of `tokens`, an input of shape `shape` (`[B, T, D]`), as rows.
 
         Args:
-          tokens: `[B * T, D]`, flattened from an input of shape `shape`.
-          first: `[B, D]`, each image's first token, normalised as `tokens` are.
-          shape: `tf.shape` of that `[B, T, D]` input.
-          residual: None or `[B, D]`, added as in `attend`.
+          tokens: `[B * T, D]` (any rank with `first_only`), normalised tokens.
+          shape: the `[B, T, D]` shape of the input (`ops.shape` or `tf.shape`).
+          residual: None or the rows of the output, added to it (at inference inside
+            the out projection's op).
+          first_only: only each image's first token attends (to all T), as the last
+            block does when the head reads the class token alone.
 
         Returns:
-          The projected output `[B, D]` and the weights `[B, H, 1, T]`.
+          The projected output `[B * T, D]` (`[B, D]` with `first_only`) and the weights
+          `[B, H, T or 1, T]` in the softmax dtype.
         """
         dim = tokens.shape[-1]
-        # The heads' shapes are built from `shape`, not from the batch size as a
-        # number: grappler then knows the output's rows are the residual's, and with
-        # a dynamic batch too the add fuses into the out projection (as it does with a
-        # static one, so that in bfloat16 a SavedModel's logits equal predict's).
-        k, v = self._heads(projection.project(tokens, self.qkv_kernel[:, dim:], self.qkv_bias[dim:],
-                                              training=training), [shape[:2]], 2)
-        (q,) = self._heads(projection.project(first, self.qkv_kernel[:, :dim], self.qkv_bias[:dim],
-                                              training=training, few_rows=True), [shape[:1], [1]], 1)
-        return self._mix(q, k, v, tokens.dtype, tf.shape(first), training, residual)
+        # Projections run on [B*T, D] rows: a [B, T, D] @ [D, N] matmul is a broadcast
+        # batch matmul whose kernel gradient is B small matmuls plus a sum over B.
+        rows = tokens if len(tokens.shape) == 2 else ops.reshape(tokens, (-1, dim))
+        if first_only:
+            # Queries from the first tokens alone; the heads' shapes come from `shape`
+            # (not the batch as a number), so grappler knows the output's rows are the
+            # residual's and the add fuses with a dynamic batch too.
+            first = tf.gather(tokens, 0, axis=1)
+            k, v = self._heads(fast_paths.dense(rows, self.qkv_kernel[:, dim:], self.qkv_bias[dim:],
+                                                training=training), [shape[:2]], 2)
+            (q,) = self._heads(fast_paths.dense(first, self.qkv_kernel[:, :dim], self.qkv_bias[:dim],
+                                                training=training, few_rows=True), [shape[:1], [1]], 1)
+            out_shape = tf.shape(first)
+        else:
+            q, k, v = self._heads(fast_paths.dense(rows, self.qkv_kernel, self.qkv_bias, training=training),
+                                  (shape[0], shape[1]), 3)
+            # The rows' own shape, not (-1, D): with a dynamic batch, grappler must see
+            # that the residual and the output match for the add to fuse.
+            out_shape = tf.shape(rows)
+        if first_only and q.dtype == "bfloat16" and fast_paths.compiling_with_xla():
+            # XLA's CPU backend has no bf16 kernel for a batch of one-row products
+            # ("unsupported operand type BF16 in op dot"): these run in float32.
+            q, k, v = (ops.cast(t, "float32") for t in (q, k, v))
+        # q is scaled, not the [T, T] logits (as flax does): a third of the work at T=197.
+        q = q * ops.cast(1.0 / math.sqrt(q.shape[-1]), q.dtype)
+        # transpose_b, not a matmul of a transposed k: under XLA with bf16 q and k, the
+        # latter compiled to a float32 product of upcast q and k.
+        logits = ops.cast(tf.matmul(q, k, transpose_b=True), fast_paths.softmax_dtype(tokens.dtype))
+        if self.relative_grid is not None:
+            index = self._relative_index[:q.shape[2]]  # the queries' rows
+            bias = ops.take(ops.cast(self.relative_bias, logits.dtype), index, axis=0)
+            logits = logits + ops.transpose(bias, (2, 0, 1))[None]
+        weights = fast_paths.softmax(logits, training)
+        mixed = ops.matmul(self.attention_dropout(ops.cast(weights, v.dtype), training=training), v)
+        mixed = tf.reshape(ops.transpose(ops.cast(mixed, tokens.dtype), (0, 2, 1, 3)), out_shape)
+        out = fast_paths.dense(mixed, self.out_kernel, self.out_bias, residual, training, few_rows=first_only)
+        return out, weights
 
     def _heads(self, projected, lead, parts):
         """`[N, parts * D]` -> `parts` tensors of `[B, H, T, Dh]`, where `lead` is
@@ -165,59 +158,10 @@ class MultiHeadSelfAttention(keras.layers.Layer):
             x = ops.reshape(projected, lead + tail)
         else:
             x = tf.reshape(projected, tf.concat([*lead, tail], 0))
-        # Not ops.dot_product_attention: on the TF backend it is einsums too. Measured
-        # side by side (ViT-Ti/16, batch 8, 2 AVX2 cores) it was slower without XLA
-        # (0.83x in float32, 0.37x in mixed_bfloat16) and no faster with it.
         x = ops.transpose(x, (2, 0, 3, 1, 4))  # [parts, B, H, T, Dh]
         # Unstack, not x[0], x[1], x[2]: each slice's gradient is a zero-padded copy of
-        # all of x, summed, where unstack's is one stack. Measured side by side: train
-        # steps 1.2x faster (README Fashion-MNIST ViT), 1.14x (ViT-Ti/16).
+        # all of x, summed, where unstack's is one stack.
         return ops.unstack(x, parts, axis=0)
-
-    def _mix(self, q, k, v, dtype, out_shape, training, residual):
-        """softmax(q k^T / sqrt(Dh)) v, projected: `[B, H, Tq, Dh]` queries (the first Tq
-        tokens, all T or the class token) -> output in `dtype` reshaped to `out_shape`,
-        and the weights `[B, H, Tq, T]`."""
-        one_row = q.shape[2] == 1  # one query per image: the class token's
-        if one_row and q.dtype == "bfloat16" and graph_kind.compiling_with_xla():
-            # XLA's CPU backend has no bf16 kernel for a batch of one-row products
-            # ("unsupported operand type BF16 in op dot" from 32 images of ViT-Ti/16):
-            # these run in float32, 2 x T x D MACs per image.
-            q, k, v = (ops.cast(t, "float32") for t in (q, k, v))
-        # q is scaled, not the [T, T] logits (as flax does): a third of the work at T=197.
-        q = q * ops.cast(1.0 / math.sqrt(q.shape[-1]), q.dtype)
-        # transpose_b, not a matmul of a transposed k: under XLA with bf16 q and k, the
-        # latter (then cast to the float32 softmax) compiled to a float32 product of
-        # upcast q and k. Without XLA the two are the same graph.
-        logits = ops.cast(tf.matmul(q, k, transpose_b=True), self._softmax_dtype(dtype))
-        if self.relative_grid is not None:
-            index = self._relative_index[:q.shape[2]]  # the queries' rows
-            bias = ops.take(ops.cast(self.relative_bias, logits.dtype), index, axis=0)
-            logits = logits + ops.transpose(bias, (2, 0, 1))[None]
-        if training and logits.dtype == "bfloat16":
-            weights = softmax_for_training(logits)  # float32's own gradient measured no faster
-        else:
-            weights = ops.softmax(logits, axis=-1)
-        dropped = self.attention_dropout(ops.cast(weights, v.dtype), training=training)
-        out = ops.cast(ops.matmul(dropped, v), dtype)  # [B, H, Tq, Dh]
-        out = tf.reshape(ops.transpose(out, (0, 2, 1, 3)), out_shape)
-        return projection.project(out, self.out_kernel, self.out_bias, residual, training, one_row), weights
-
-    @staticmethod
-    def _softmax_dtype(compute_dtype):
-        # bfloat16 has float32's range, so its softmax (oneDNN computes it in float32
-        # internally) is safe, as in flax and Keras's MultiHeadAttention; it saves two
-        # casts of [B, H, T, T] and ran 1.4x faster on AMX cores. Its gradient's error
-        # against exact float32 measured 0.0086 against the float32 softmax's 0.0078.
-        # float16 overflows at 65504, so its softmax stays float32. Under XLA, float32:
-        # XLA maps only a float32 softmax to oneDNN's and fuses the casts (ViT-Ti/16
-        # bf16 inference with XLA 1.17x). Where TF's oneDNN does not run bfloat16 (AVX2-only
-        # cores), float32 too: Eigen's bf16 softmax rounds its exps and sum in bf16, 6-8
-        # ulps off against one for the float32 softmax rounded once.
-        if compute_dtype == "bfloat16" and not graph_kind.compiling_with_xla() \
-                and hardware.onednn_runs("bfloat16"):
-            return "bfloat16"
-        return "float32"
 
     def compute_output_shape(self, input_shape):
         return input_shape

@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-import functools
-import math
-
 import keras
 import tensorflow as tf
 from keras import ops
 
-from keras_vit.layers import projection
+from keras_vit.layers import fast_paths
 from keras_vit.layers.attention import MultiHeadSelfAttention
 from keras_vit.layers.normalization import LayerNorm
 
@@ -42,36 +39,6 @@ class StochasticDepth(keras.layers.Layer):
         return {**super().get_config(), "rate": self.rate, "seed": self.seed}
 
 
-_GELU_C = math.sqrt(2.0 / math.pi)
-_GELU_A = 0.044715
-
-
-@tf.function(jit_compile=True)
-def _gelu_tanh_forward(x):
-    t = tf.tanh(_GELU_C * x * (1.0 + _GELU_A * x * x))
-    return 0.5 * x * (1.0 + t), t
-
-
-@tf.function(jit_compile=True)
-def _gelu_tanh_backward(x, t, dy):
-    slope = _GELU_C * (1.0 + 3.0 * _GELU_A * x * x)
-    return dy * (0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * slope)
-
-
-@tf.custom_gradient
-def gelu_tanh_for_training(x):
-    """tanh-GELU with its closed-form gradient, each side one XLA-fused kernel.
-
-    Autodiff of `tf.nn.gelu` is about ten elementwise passes (Pow, Tanh, TanhGrad and
-    Muls), slow in bf16 on CPU. With this, ViT-Ti/16 bf16 train steps (batch 32) ran
-    1.53x faster on AMX cores, side by side in one process. Only for training:
-    inference takes `projection.project_gelu`, which keeps XLA out of any graph that
-    could be saved (TF Serving refuses XLA kernels on CPU by default).
-    """
-    y, t = _gelu_tanh_forward(x)
-    return y, lambda dy: _gelu_tanh_backward(x, t, dy)
-
-
 @keras.saving.register_keras_serializable(package="keras_vit")
 class MlpBlock(keras.layers.Layer):
     """Dense(mlp_dim) -> GELU -> dropout -> Dense(D) -> dropout, on `[B, T, D]`."""
@@ -99,23 +66,18 @@ class MlpBlock(keras.layers.Layer):
         return ops.reshape(self.transform(ops.reshape(x, (-1, x.shape[-1])), training), ops.shape(x))
 
     def transform(self, tokens, training=None, residual=None, few_rows=False):
-        """The block on tokens flattened to `[B * T, D]`.
-
-        With `residual` (`[B * T, D]`, at inference only, where dropout is the
-        identity) the result is `residual + block(tokens)`, added inside fc2's op.
-        `few_rows`: one token per image (see `projection.project`).
-        """
+        """The block on tokens flattened to `[B * T, D]`, plus `residual` (`[B * T, D]`,
+        at inference only, where dropout is the identity) added inside fc2's op.
+        `few_rows`: one token per image (see `fast_paths.dense`)."""
         if residual is not None and training:
-            raise ValueError("a residual is fused into fc2 at inference only")
-        if not training:
-            x = projection.project_gelu(tokens, self.fc1.kernel, self.fc1.bias, self.gelu_approximate,
-                                        few_rows=few_rows)
-        elif self.gelu_approximate:
-            x = gelu_tanh_for_training(self.fc1(tokens))
+            raise ValueError("a residual is added inside fc2 at inference only")
+        if training:
+            x = fast_paths.gelu(self.fc1(tokens), self.gelu_approximate, training=True)
         else:
-            x = keras.activations.gelu(self.fc1(tokens), approximate=False)
-        x = self.dropout(x, training=training)
-        x = projection.project(x, self.fc2.kernel, self.fc2.bias, residual, training, few_rows)
+            x = fast_paths.dense_gelu(tokens, self.fc1.kernel, self.fc1.bias, self.gelu_approximate,
+                                      few_rows=few_rows)
+        x = fast_paths.dense(self.dropout(x, training=training), self.fc2.kernel, self.fc2.bias, residual,
+                             training, few_rows)
         return self.dropout(x, training=training)
 
     def compute_output_shape(self, input_shape):
@@ -163,37 +125,29 @@ class EncoderBlock(keras.layers.Layer):
 
     def call(self, x, training=None, return_attention=False, class_token_only=False):
         """`[B, T, D]` -> `[B, T, D]`, or `[B, 1, D]` with `class_token_only`: then only
-        the first token (the class token, when the head reads nothing else) attends
-        and goes through the MLP, with all T tokens as keys and values. With
+        the first token (the class token, when the head reads nothing else) attends and
+        goes through the MLP, with all T tokens as keys and values. With
         `return_attention`, also the weights `[B, H, T or 1, T]` in float32."""
         shape = ops.shape(x)
-        # The residual stream is [B*T, D] (or [B, D]) inside the block, so that at
-        # inference each residual add fuses into the projection before it (one oneDNN
-        # op): the out projection's and fc2's.
+        # The residual stream runs as rows, [B*T, D] (or [B, D]), so that at inference
+        # each residual add fuses into the projection before it. For the class token,
+        # gathers on [B, T, D], not x[:, 0] after norm1 on rows: grappler then sees the
+        # rows are x's batch, rewrites norm1 into oneDNN's layer norm, and the adds fuse.
         if class_token_only:
-            # Gathers, not x[:, 0], and norm1 on [B, T, D], not on the flattened
-            # tokens: grappler then sees that the rows are x's batch and still rewrites
-            # norm1 into oneDNN's layer norm, so the residual adds fuse and a static and
-            # a dynamic batch compute alike (tests/test_layers.py).
-            normed = self.norm1(x)
-            attend = functools.partial(self.attention.attend_first, ops.reshape(normed, (-1, x.shape[-1])),
-                                       tf.gather(normed, 0, axis=1), tf.shape(x))
+            tokens = self.norm1(x)
             x = tf.gather(x, 0, axis=1)
-            shape = (shape[0], 1, shape[2])
         else:
             x = ops.reshape(x, (-1, x.shape[-1]))
-            attend = functools.partial(self.attention.attend, self.norm1(x), shape[0], shape[1])
+            tokens = self.norm1(x)
         if training:
-            y, weights = attend(training=True)
+            y, weights = self.attention.attend(tokens, shape, training=True, first_only=class_token_only)
             x = x + self._drop_path(self.dropout(y, training=True), shape)
             x = x + self._drop_path(self.mlp.transform(self.norm2(x), training=True), shape)
-        else:
-            x, weights = attend(residual=x)
+        else:  # dropout and drop path are the identity: each add goes inside a projection
+            x, weights = self.attention.attend(tokens, shape, residual=x, first_only=class_token_only)
             x = self.mlp.transform(self.norm2(x), residual=x, few_rows=class_token_only)
-        x = ops.reshape(x, shape)
-        if return_attention:
-            return x, ops.cast(weights, "float32")
-        return x
+        x = ops.reshape(x, (shape[0], 1 if class_token_only else shape[1], shape[2]))
+        return (x, ops.cast(weights, "float32")) if return_attention else x
 
     def compute_output_spec(self, x, training=None, return_attention=False, class_token_only=False):
         # Shapes from the arguments, without tracing `call` for every block of a model.
@@ -204,10 +158,11 @@ class EncoderBlock(keras.layers.Layer):
         return out
 
     def _drop_path(self, y, shape):
-        # In training only. Stochastic depth drops whole examples: the [B, T, D] view.
+        # Stochastic depth drops whole examples: the [B, T, D] view of the rows.
         if self.drop_path.rate == 0.0:
             return y
-        return ops.reshape(self.drop_path(ops.reshape(y, shape), training=True), ops.shape(y))
+        view = (shape[0], -1, shape[2])
+        return ops.reshape(self.drop_path(ops.reshape(y, view), training=True), ops.shape(y))
 
     def get_config(self):
         return {

@@ -4,10 +4,9 @@ oneDNN's single-pass kernel at inference."""
 from __future__ import annotations
 
 import keras
-import tensorflow as tf
 from keras import ops
 
-from keras_vit.layers import graph_kind
+from keras_vit.layers import fast_paths
 
 
 @keras.saving.register_keras_serializable(package="keras_vit")
@@ -19,16 +18,12 @@ class LayerNorm(keras.layers.LayerNormalization):
     "bfloat16" included. Keras's graph broadcasts `rsqrt(var) * gamma` to the
     whole input and its autodiff gradient adds a Tile and several passes more. Here
     the forward pass is `(x - mean) * rstd * gamma + beta` and the gradient is the
-    closed form, `rstd * (g - mean(g) - x_hat * mean(g * x_hat))` with `g = dy * gamma`.
-    Measured side by side on `[32, 197, 768]`: 1.35x Keras's forward and 1.3x forward
-    plus backward in mixed_bfloat16, 1.3x both in float32; in whole ViT training steps
-    1.04-1.09x, while whole-model inference measured unchanged.
+    closed form, `rstd * (g - mean(g) - x_hat * mean(g * x_hat))` with `g = dy * gamma`
+    (faster in training: docs/performance.md).
 
-    At inference on CPUs with oneDNN, an input in the compute dtype takes the form
-    grappler rewrites into oneDNN's own layer norm (`_MklLayerNorm`, one pass), with
-    gamma and beta cast to that dtype. On AMX cores it ran 2.4-2.5x faster than the float32
-    graph on `[6304, 192]` bf16 and 5.0-5.2x on `[6304, 768]`. Under XLA the plain graph
-    is kept: XLA fuses it (ViT-Ti/16 bf16 with XLA: 1.02x against the pattern).
+    At inference on CPUs with oneDNN, an input in the compute dtype takes
+    `fast_paths.layer_norm_form`, oneDNN's own one-pass layer norm, with gamma and beta
+    cast to that dtype.
     """
 
     def add_weight(self, *args, **kwargs):
@@ -43,43 +38,13 @@ class LayerNorm(keras.layers.LayerNormalization):
         if (self.axis not in ([-1], [len(inputs.shape) - 1]) or self.rms_scaling
                 or not (self.scale and self.center)):
             return super().call(inputs)
-        # A wider input (float32 into a bf16 layer) is normalised in float32, as Keras does:
-        # rounding it first would cost far more than a rounding where its mean is large.
-        if len(inputs.shape) in (2, 3) and self.compute_dtype in _ONEDNN_DTYPES \
-                and keras.backend.standardize_dtype(inputs.dtype) == self.compute_dtype \
-                and graph_kind.onednn_inference(training, self.compute_dtype):
-            return _layer_norm_for_onednn(inputs, self.gamma, self.beta, self.epsilon, self.compute_dtype)
+        # oneDNN's kernel takes an input in the compute dtype only: a wider one (float32
+        # into a bf16 layer) is normalised in float32, as Keras does.
+        fast = fast_paths.layer_norm_form(inputs, self.gamma, self.beta, self.epsilon, self.compute_dtype,
+                                          training)
+        if fast is not None:
+            return fast
         return _layer_norm(inputs, self.gamma, self.beta, self.epsilon, self.compute_dtype)
-
-
-_ONEDNN_DTYPES = ("float32", "bfloat16")
-
-
-def _layer_norm_for_onednn(inputs, gamma, beta, epsilon, dtype):
-    """LayerNorm over the last axis of a rank-2 or rank-3 input, as grappler's remapper
-    matches it for `_MklLayerNorm`.
-
-    The pattern (TF's remapper, FindMklLayerNorm) is Keras 2's: the input reshaped to
-    `[1, rows, D, 1]` NCHW, a training-mode FusedBatchNormV3 over it (one "channel" per
-    row) with `Fill`ed unit scale and zero offset and empty mean and variance, reshaped
-    back, times gamma plus beta. A SavedModel holding it still computes the layer norm
-    where the rewrite does not happen (TF_ENABLE_ONEDNN_OPTS=0, tested; a GPU server,
-    where cuDNN raises epsilon to at least 1e-5), through FusedBatchNormV3.
-    """
-    x = tf.cast(inputs, dtype)
-    shape = tf.shape(x)
-    rows = tf.reduce_prod(shape[:-1])
-    # With a static batch, constant folding would turn the Fills into Consts and the
-    # remapper would no longer match; a PlaceholderWithDefault is never folded.
-    rows = tf.raw_ops.PlaceholderWithDefault(input=rows, shape=[])
-    fill_shape = tf.reshape(rows, [1])
-    y, *_ = tf.raw_ops.FusedBatchNormV3(
-        x=tf.reshape(x, tf.stack([1, rows, shape[-1], 1])),
-        scale=tf.fill(fill_shape, tf.constant(1.0, tf.float32)),
-        offset=tf.fill(fill_shape, tf.constant(0.0, tf.float32)),
-        mean=tf.constant([], tf.float32), variance=tf.constant([], tf.float32),
-        epsilon=float(epsilon), data_format="NCHW", is_training=True)
-    return tf.reshape(y, shape) * tf.cast(gamma, dtype) + tf.cast(beta, dtype)
 
 
 def _layer_norm(inputs, gamma, beta, epsilon, out_dtype):

@@ -34,7 +34,7 @@ def _batches(model, images, batch_size):
     """Yields each batch's per-block attention, so only one batch of maps is held at a time."""
     cfg = _config(model)
     images = _check_images(cfg, images)
-    # Traced once (again for a shorter last batch): op by op, ViT-B/16 took 1.9x as long.
+    # Traced once (again for a shorter last batch): op by op would take about twice as long.
     attention = tf.function(lambda x: model.forward(x, training=False, return_attention=True)["attention"])
     for start in range(0, len(images), batch_size):
         yield [np.asarray(w, dtype="float32") for w in attention(images[start:start + batch_size])]

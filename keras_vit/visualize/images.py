@@ -7,10 +7,13 @@ from typing import List, Optional, Tuple
 
 import numpy as np
 
+from keras_vit import extras
+
 _EXTENSIONS = (".png", ".jpg", ".jpeg", ".gif", ".bmp")
 
 
 def _skimage_photo(name: str) -> bytes:
+    extras.require("skimage.data", "viz")
     import skimage.data
     import tensorflow as tf
 

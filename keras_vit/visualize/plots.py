@@ -7,11 +7,12 @@ from typing import Optional, Sequence
 
 import numpy as np
 
+from keras_vit import extras
+
 
 def pyplot():
     """matplotlib.pyplot on the Agg backend."""
-    import matplotlib
-
+    matplotlib = extras.require("matplotlib", "viz")
     matplotlib.use("Agg")  # files only; never needs a display
     import matplotlib.pyplot as plt
 
@@ -37,6 +38,7 @@ def overlay(image, attention_map, alpha: float = 0.5, cmap: str = "inferno") -> 
     image, coloured with `cmap` and blended with weight `alpha`. The image is
     uint8, or float in [-1, 1] as the model sees it.
     """
+    extras.require("PIL", "viz")
     from PIL import Image
 
     plt = pyplot()
