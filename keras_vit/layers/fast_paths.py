@@ -42,13 +42,18 @@ def enabled() -> bool:
 
 
 @contextlib.contextmanager
-def disabled():
-    """Traces inside take the plain forms only (the reference)."""
-    _state.disabled = getattr(_state, "disabled", 0) + 1
+def _counted(name):
+    # A per-thread depth, so that nested uses of one context nest.
+    setattr(_state, name, getattr(_state, name, 0) + 1)
     try:
         yield
     finally:
-        _state.disabled -= 1
+        setattr(_state, name, getattr(_state, name) - 1)
+
+
+def disabled():
+    """A context: traces inside take the plain forms only (the reference)."""
+    return _counted("disabled")
 
 
 # --- What kind of graph is being traced ----------------------------------------------
@@ -65,15 +70,10 @@ def compiling_with_xla() -> bool:
     return bool(control_flow_util.GraphOrParentsInXlaContext(tf_ops.get_default_graph()))
 
 
-@contextlib.contextmanager
 def never_saved():
-    """Marks what is traced inside as a graph Keras runs in this process and never
-    saves: `VisionTransformer.predict_step` and `test_step`."""
-    _state.never_saved = getattr(_state, "never_saved", 0) + 1
-    try:
-        yield
-    finally:
-        _state.never_saved -= 1
+    """A context marking what is traced inside as a graph Keras runs in this process and
+    never saves: `VisionTransformer.predict_step` and `test_step`."""
+    return _counted("never_saved")
 
 
 def xla_kernels_allowed() -> bool:
