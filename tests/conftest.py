@@ -31,6 +31,40 @@ SLOW_FIRST = ("test_pipeline.py", "test_training.py", "test_experiments.py", "te
               "test_visualize.py")
 
 
+# The model package's tests: they need none of the pipeline extra (TFX, Beam), so they run
+# on both stacks `make test` covers, the pinned one (requirements/lock.txt) and today's
+# (requirements/current-lock.txt). The other files test the pipeline, the S3 filesystem
+# (tensorflow-io, which has no build past TensorFlow 2.16), the repository and the docs.
+MODEL_PACKAGE_TESTS = ("test_batching.py", "test_checkpoints.py", "test_configs.py", "test_data.py",
+                       "test_evaluation.py", "test_export.py", "test_extras.py", "test_flops.py",
+                       "test_hardware.py", "test_layers.py", "test_model.py", "test_preprocessing.py",
+                       "test_pretrained.py", "test_training.py", "test_visualize.py", "test_zoo.py")
+
+
+def _has_pipeline_extra():
+    import importlib.util
+
+    return all(importlib.util.find_spec(m) is not None for m in ("tfx", "apache_beam"))
+
+
+def pytest_ignore_collect(collection_path, config):
+    """Where the pipeline extra is not installed, only the model package's tests run."""
+    if collection_path.suffix == ".py" and collection_path.name.startswith("test_"):
+        return not _has_pipeline_extra() and collection_path.name not in MODEL_PACKAGE_TESTS
+    return None
+
+
+def pytest_report_header(config):
+    import keras
+    import tensorflow as tf
+
+    stack = f"TensorFlow {tf.__version__}, Keras {keras.__version__}, Python {sys.version.split()[0]}"
+    if _has_pipeline_extra():
+        return f"keras-vit: {stack}, with the pipeline extra: every test"
+    return (f"keras-vit: {stack}, without the pipeline extra (TFX, Beam): the model package's "
+            f"{len(MODEL_PACKAGE_TESTS)} test files only")
+
+
 def pytest_collection_modifyitems(items):
     rank = {name: i for i, name in enumerate(SLOW_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.name, len(SLOW_FIRST)))  # stable: files stay whole
@@ -55,6 +89,22 @@ def skip_unless_bf16_instructions():
 
     if not hardware.bf16_instructions():
         pytest.skip(f"{hardware.describe()} cores have no AMX-BF16 or AVX512-BF16")
+
+
+def skip_unless_xla_runs_bf16_products():
+    """For a test of how XLA's CPU backend compiles our bf16 products: skips it where XLA
+    does not hand a plain bf16 batch matmul to oneDNN. TF 2.16's XLA does on cores with
+    bf16 instructions; TF 2.21's computes every bf16 dot on the CPU in float32, whatever
+    its form."""
+    import tensorflow as tf
+
+    skip_unless_bf16_instructions()
+    a, b = tf.zeros((2, 2, 50, 64), tf.bfloat16), tf.zeros((2, 2, 64, 50), tf.bfloat16)
+    product = tf.function(lambda a, b: a @ b, jit_compile=True)
+    hlo = product.experimental_get_compiler_ir(a, b)(stage="optimized_hlo")
+    if "onednn$matmul" not in hlo:
+        pytest.skip(f"XLA in TensorFlow {tf.__version__} hands no bf16 product to oneDNN here: it computes "
+                    "them as float32 dots")
 
 
 def data_path(*parts):

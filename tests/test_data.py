@@ -230,13 +230,21 @@ def test_command_line_logging_prints_tensorflow_records_once_and_hides_info():
 
 
 def write_examples(path, n):
-    """The pipeline's records (what `TFRecordSource` reads), labels alternating a, b."""
-    from pipeline.ingest import make_example
+    """Records as the pipeline writes them (image, label, label_name, source_id), labels
+    alternating a, b. Built here, not with pipeline.ingest, so the model package's tests
+    need no Beam."""
+    def feature(value):
+        if isinstance(value, int):
+            return tf.train.Feature(int64_list=tf.train.Int64List(value=[value]))
+        return tf.train.Feature(bytes_list=tf.train.BytesList(value=[value]))
 
     with tf.io.TFRecordWriter(path, options="GZIP") as w:
         for i in range(n):
             png = tf.io.encode_png(np.full([8, 8, 3], i * 20, np.uint8)).numpy()
-            w.write(make_example(png, i % 2, "ab"[i % 2], f"r{i}").SerializeToString())
+            fields = {"image": png, "label": i % 2, "label_name": "ab"[i % 2].encode(),
+                      "source_id": f"r{i}".encode()}
+            w.write(tf.train.Example(features=tf.train.Features(
+                feature={k: feature(v) for k, v in fields.items()})).SerializeToString())
     return path
 
 

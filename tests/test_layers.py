@@ -9,7 +9,7 @@ from keras.src import testing
 
 import bf16_bounds
 from bf16_bounds import Bounded, assert_within
-from conftest import skip_unless_bf16_instructions, skip_unless_onednn
+from conftest import skip_unless_onednn, skip_unless_xla_runs_bf16_products
 from keras_vit import hardware, layers
 from keras_vit.layers import fast_paths
 from keras_vit.layers.attention import num_relative_positions, relative_position_index
@@ -724,7 +724,7 @@ def test_under_xla_bf16_attention_products_stay_bf16():
 
     import tensorflow as tf
 
-    skip_unless_bf16_instructions()
+    skip_unless_xla_runs_bf16_products()
     # Big enough for XLA to hand the products to oneDNN (below that, XLA's own dots run
     # every bf16 product in float32).
     layer = layers.MultiHeadSelfAttention(2, dtype="mixed_bfloat16")
@@ -816,6 +816,28 @@ def test_std_conv_standardises_each_filter():
     std = (kernel - kernel.mean((0, 1, 2))) / (kernel.std((0, 1, 2)) + 1e-5)
     expected = ops.conv(x, std, padding="same")
     np.testing.assert_allclose(layer(x), expected, atol=1e-5)
+
+
+def test_group_norm_is_the_same_under_every_keras():
+    """Keras 3.15's GroupNormalization stopped autocasting its input and weights; ours
+    never does, so the numbers do not change with the Keras version: float32 gamma and
+    beta under any policy (the bfloat16 twin's too), the input normalised as it comes,
+    the output in the compute dtype."""
+    import tensorflow as tf
+
+    for policy in ("mixed_bfloat16", "bfloat16", "mixed_float16"):
+        layer = layers.GroupNorm(groups=2, epsilon=1e-6, dtype=policy)
+        layer.build((None, 3, 3, 4))
+        assert [(w.dtype, w._autocast) for w in layer.weights] == [("float32", False)] * 2, policy
+    # Spread 3e-3 around 1: rounded to bf16 first (spacing 2^-7 there), the input would be
+    # nearly constant and its normalised values noise.
+    x = (1.0 + 3e-3 * np.random.RandomState(0).normal(size=(2, 3, 3, 4))).astype("float32")
+    layer = layers.GroupNorm(groups=2, epsilon=1e-9, dtype="mixed_bfloat16")
+    y = layer(x)
+    assert y.dtype == tf.bfloat16
+    g = x.reshape(2, 9, 2, 2).astype("float64")
+    exact = ((g - g.mean((1, 3), keepdims=True)) / g.std((1, 3), keepdims=True)).reshape(x.shape)
+    np.testing.assert_allclose(tf.cast(y, "float32"), exact, atol=0.02 * np.abs(exact).max())
 
 
 def _norm_pairs():

@@ -109,7 +109,7 @@ def test_images_with_the_wrong_channel_count_are_refused_by_name():
     gray = tiny(num_channels=1)
     assert gray(np.zeros((2, 32, 32), "float32")).shape == (2, 5)  # [B, H, W] still reads as 1 channel
     # TF would read 3 channels as a grouped convolution of a 1-channel kernel and return numbers.
-    wrong = r'"embedding" is incompatible.*axis -1 of input shape to have value 1'
+    wrong = r'layer ["\']embedding["\'] is incompatible.*axis -1 of input shape to have value 1'
     with pytest.raises(ValueError, match=wrong):
         gray(np.zeros((2, 32, 32, 3), "float32"))
     hybrid = keras_vit.create_model(

@@ -12,11 +12,29 @@
 # .venv is a symlink to it, so a fresh clone (CI's included) reuses an existing
 # install instead of spending five minutes repeating it.
 #
+# With --current, makes .venv-current match requirements/current-lock.txt instead: the
+# model package on today's stack (Python 3.12, the newest TensorFlow and Keras, no TFX),
+# where `make test` runs the model package's tests a second time.
+#
 # --print-venv prints the environment's directory and changes nothing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+stack=pinned
+if [ "${1:-}" = "--current" ]; then
+  stack=current
+  shift
+fi
 lock=requirements/lock.txt
+python_version=3.10
+link=.venv
+name=venv
+if [ "$stack" = current ]; then
+  lock=requirements/current-lock.txt
+  python_version=3.12
+  link=.venv-current
+  name=venv-current
+fi
 gpu=${KERAS_VIT_GPU:-auto}
 why="KERAS_VIT_GPU=$gpu"
 if [ "$gpu" = auto ]; then
@@ -30,34 +48,40 @@ elif [ "$gpu" != 0 ] && [ "$gpu" != 1 ]; then
   exit 2
 fi
 locks=("$lock")
-[ "$gpu" = 1 ] && locks+=(requirements/gpu-lock.txt)
+# The CUDA pins are TensorFlow 2.16's; the current stack is tested on the CPU only.
+[ "$gpu" = 1 ] && [ "$stack" = pinned ] && locks+=(requirements/gpu-lock.txt)
 # The key covers this script too, so a change to how the env is built rebuilds it.
 hash=$(cat "${locks[@]}" "$0" | sha256sum | cut -c1-16)
 cache_root=${KERAS_VIT_VENV_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/keras-vit}
-venv="$cache_root/venv-$hash"
+venv="$cache_root/$name-$hash"
 if [ "${1:-}" = "--print-venv" ]; then
   echo "$venv"
   exit 0
 fi
 
 find_python() {
-  local candidate
-  for candidate in "${PYTHON:-}" python3.10 "$HOME"/.pyenv/versions/3.10*/bin/python3.10 /usr/bin/python3.10 /usr/local/bin/python3.10; do
+  local candidate v=$python_version
+  for candidate in "${PYTHON:-}" "python$v" "$HOME"/.pyenv/versions/"$v".*/bin/"python$v" "/usr/bin/python$v" \
+      "/usr/local/bin/python$v"; do
     [ -n "$candidate" ] || continue
-    if "$candidate" -c 'import sys; assert sys.version_info[:2] == (3, 10)' 2>/dev/null; then
+    if "$candidate" -c "import sys; assert '%d.%d' % sys.version_info[:2] == '$v'" 2>/dev/null; then
       command -v "$candidate" || echo "$candidate"
       return 0
     fi
   done
-  # pyenv installs 3.10 without putting it first on PATH; ask pyenv directly.
+  # pyenv installs Pythons without putting them first on PATH; ask pyenv directly.
   if command -v pyenv >/dev/null; then
-    for v in $(pyenv versions --bare | grep '^3\.10'); do
-      candidate="$(pyenv root)/versions/$v/bin/python3.10"
+    for candidate in $(pyenv versions --bare | grep "^$v\\."); do
+      candidate="$(pyenv root)/versions/$candidate/bin/python$v"
       [ -x "$candidate" ] && { echo "$candidate"; return 0; }
     done
   fi
-  echo "error: Python 3.10 is required (TFX 1.16 has no wheels for other versions here)." >&2
-  echo "       Install it (e.g. 'pyenv install 3.10') or set PYTHON=/path/to/python3.10." >&2
+  if [ "$stack" = current ]; then
+    echo "error: Python $v is required for $lock (the model package on today's stack)." >&2
+  else
+    echo "error: Python $v is required (TFX 1.16 has no wheels for other versions here)." >&2
+  fi
+  echo "       Install it (e.g. 'pyenv install $v') or set PYTHON=/path/to/python$v." >&2
   return 1
 }
 
@@ -66,7 +90,7 @@ if [ ! -f "$venv/.lock-installed" ]; then
   if [ "$gpu" = 1 ]; then
     echo "With TensorFlow's CUDA libraries (requirements/gpu-lock.txt, about 3 GB more): $why"
   fi
-  echo "Creating the environment for lock $hash in $venv (about 5 minutes, 3.4 GB)..."
+  echo "Creating the environment for $lock ($hash) in $venv (a few minutes, 2-4 GB)..."
   # Installed in place (console scripts hard-code their interpreter's path); the
   # stamp written last marks it complete, so an interrupted install is redone.
   rm -rf "$venv"
@@ -80,9 +104,9 @@ if [ ! -f "$venv/.lock-installed" ]; then
   touch "$venv/.lock-installed"
 fi
 
-if [ "$(readlink .venv 2>/dev/null)" != "$venv" ]; then
-  rm -rf .venv
-  ln -s "$venv" .venv
+if [ "$(readlink "$link" 2>/dev/null)" != "$venv" ]; then
+  rm -rf "$link"
+  ln -s "$venv" "$link"
 fi
 fmnist=/usr/share/datasets/fashion-mnist
 if [ ! -f "$fmnist/train-images-idx3-ubyte.gz" ] && [ -z "${KERAS_VIT_SKIP_APT:-}" ]; then

@@ -46,12 +46,27 @@ class GroupNorm(keras.layers.GroupNormalization):
     group, and the result is applied as one float32 scale and shift per image and
     channel. The variance is E[x^2] - E[x]^2, as in flax's GroupNorm, which the
     official models were trained with (faster: docs/performance.md).
+
+    Under any policy the input is normalised as it comes, gamma and beta are float32
+    (never autocast; kept float32 under a 16-bit-variable policy too, as LayerNorm's) and
+    the output is in the compute dtype. Keras 3.15's GroupNormalization does this; earlier
+    Keras autocast both, so without this the numbers would change with the Keras version.
     """
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.autocast = False
+
+    def add_weight(self, *args, **kwargs):
+        kwargs["autocast"] = False
+        if kwargs.get("dtype") is None and self.variable_dtype in ("bfloat16", "float16"):
+            kwargs["dtype"] = "float32"
+        return super().add_weight(*args, **kwargs)
 
     def call(self, inputs):
         rank = len(inputs.shape)
         if self.axis not in (-1, rank - 1) or rank < 3:
-            return super().call(inputs)
+            return ops.cast(super().call(inputs), self.compute_dtype)
         channels = inputs.shape[-1]
         size = channels // self.groups
         spatial = tuple(range(1, rank - 1))
@@ -70,7 +85,7 @@ class GroupNorm(keras.layers.GroupNormalization):
         if self.center:
             shift = shift + ops.cast(self.beta, "float32")
         per_image = lambda t: ops.reshape(t, (-1,) + (1,) * len(spatial) + (channels,))  # noqa: E731
-        return ops.cast(x * per_image(scale) + per_image(shift), inputs.dtype)
+        return ops.cast(x * per_image(scale) + per_image(shift), self.compute_dtype)
 
 
 def _group_norm(name, policy, zero_init=False):

@@ -1,4 +1,4 @@
-"""tf.distribute strategies by name, and the Keras 3.12 multi-worker fix they need.
+"""tf.distribute strategies by name, and the Keras multi-worker fix they need.
 
 Keras 3's `model.fit` fails under MultiWorkerMirroredStrategy on the TensorFlow
 backend (https://github.com/keras-team/keras/issues/20585,
@@ -9,8 +9,11 @@ https://github.com/tensorflow/tensorflow/issues/72388). Two places in
     the local replica's batch has the same shapes.
   - `reduce_per_replica` mean-reduces scalar metrics with `axis=0`, which fails
     on rank-0 values; `axis=None` is the mean across replicas.
-`patch_keras_multi_worker` replaces both for the pinned Keras version only. Remove
-it when upstream is fixed: tests/test_distribute.py trains two workers for real.
+`patch_keras_multi_worker` replaces both on the Keras versions whose two functions it
+was checked against: 3.12 to 3.15 (the same code in 3.12.4, 3.13.2, 3.14.1 and 3.15.1).
+On any other it changes nothing and says so. Remove it when upstream is fixed:
+tests/test_training.py trains two workers for real, and a strict xfail there runs them
+without the fix.
 """
 
 from __future__ import annotations
@@ -23,8 +26,12 @@ import tensorflow as tf
 from absl import logging
 
 STRATEGIES = ("auto", "one_device", "mirrored", "multi_worker", "tpu")
-_PATCHED_KERAS = "3.12.4"
+_FIXED_KERAS = ((3, 12), (3, 15))  # first and last minor version, inclusive
 _patched = False
+
+
+def _keras_minor(version: str) -> tuple:
+    return tuple(int(part) for part in version.split(".")[:2])
 
 
 def patch_keras_multi_worker() -> bool:
@@ -32,10 +39,11 @@ def patch_keras_multi_worker() -> bool:
     global _patched
     if _patched:
         return True
-    if keras.__version__ != _PATCHED_KERAS:
-        logging.warning("keras %s is not %s: the multi-worker fix is not applied; if model.fit fails under "
-                        "MultiWorkerMirroredStrategy see keras-team/keras#20585",
-                        keras.__version__, _PATCHED_KERAS)
+    first, last = _FIXED_KERAS
+    if not first <= _keras_minor(keras.__version__) <= last:
+        logging.warning("keras %s is not one of %d.%d to %d.%d: the multi-worker fix is not applied; if "
+                        "model.fit fails under MultiWorkerMirroredStrategy see keras-team/keras#20585",
+                        keras.__version__, *first, *last)
         return False
     from keras.src import tree
     from keras.src.backend.tensorflow import trainer as tf_trainer

@@ -311,8 +311,11 @@ def train(cfg: TrainConfig, source=None, build_model=None) -> dict:
         # Keras's words when the training split runs dry, which is reported below with
         # its reason.
         warnings.filterwarnings("ignore", message="Your input ran out of data", category=UserWarning)
+        # shuffle=False: train_ds is shuffled already, and Keras 3.15 warns at each fit of a
+        # dataset under the default shuffle=True that it ignores it.
         history = model.fit(train_ds, epochs=num_chunks, steps_per_epoch=chunk, validation_data=eval_ds,
-                            validation_freq=validation_freq, callbacks=callbacks, verbose=cfg.verbose)
+                            validation_freq=validation_freq, callbacks=callbacks, verbose=cfg.verbose,
+                            shuffle=False)
     seconds = time.time() - start
     logs = history.history
     # Keras ends fit with no error when TerminateOnNaN fires or the data runs out (then

@@ -73,3 +73,58 @@ def test_the_environment_key_covers(path, checkout):
     with open(checkout / path, "a") as f:
         f.write("\n# changed\n")
     assert _venv(checkout, KERAS_VIT_GPU="1") != before
+
+
+@pytest.mark.parametrize("lock", ["requirements/lock.txt", "requirements/current-lock.txt"])
+def test_both_locks_lie_inside_the_packages_requirements(lock):
+    """setup.cfg's ranges are what users install from: each stack `make test` runs must
+    be one of the installs they allow, or the tests prove nothing about them."""
+    import configparser
+
+    from packaging.requirements import Requirement
+
+    cfg = configparser.ConfigParser()
+    cfg.read(os.path.join(ROOT, "setup.cfg"))
+    pins = {name.lower().replace("_", "-"): version for name, version in _pins(lock).items()}
+    checked = 0
+    for line in cfg["options"]["install_requires"].split("\n"):
+        if not line.strip():
+            continue
+        requirement = Requirement(line)
+        name = requirement.name.lower().replace("_", "-")
+        assert name in pins, f"{lock} does not hold {name}, which the package requires"
+        assert requirement.specifier.contains(pins[name]), f"{lock}: {name}=={pins[name]} is outside {line}"
+        checked += 1
+    assert checked >= 6
+    python = "3.10" if lock == "requirements/lock.txt" else "3.12"
+    from packaging.specifiers import SpecifierSet
+
+    assert SpecifierSet(cfg["options"]["python_requires"]).contains(python)
+
+
+def test_make_test_runs_both_stacks():
+    plan = subprocess.run(["make", "-n", "test"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert plan.returncode == 0, plan.stderr
+    assert "tools/ensure_env.sh --current" in plan.stdout
+    assert ".venv/bin/python -m pytest" in plan.stdout and ".venv-current/bin/python -m pytest" in plan.stdout
+    refused = subprocess.run(["make", "-n", "test", "STACKS=newest"], cwd=ROOT, capture_output=True,
+                             text=True, timeout=60)
+    assert refused.returncode != 0 and "STACKS takes pinned and/or current" in refused.stderr
+
+
+def _current_venv(checkout, gpu):
+    run = subprocess.run(["bash", str(checkout / "tools/ensure_env.sh"), "--current", "--print-venv"],
+                         capture_output=True, text=True, timeout=60,
+                         env={**os.environ, "KERAS_VIT_VENV_CACHE": "/c", "KERAS_VIT_GPU": gpu})
+    assert run.returncode == 0, run.stderr
+    return run.stdout.strip()
+
+
+def test_the_current_stack_gets_its_own_environment(checkout):
+    pinned, current = _venv(checkout, KERAS_VIT_GPU="0"), _current_venv(checkout, "0")
+    assert current.startswith("/c/venv-current-") and pinned.startswith("/c/venv-") and current != pinned
+    assert _current_venv(checkout, "1") == current  # the CUDA pins are TensorFlow 2.16's
+    with open(checkout / "requirements/current-lock.txt", "a") as f:
+        f.write("\n# changed\n")
+    assert _current_venv(checkout, "0") != current
+    assert _venv(checkout, KERAS_VIT_GPU="0") == pinned  # its key ignores the current lock
