@@ -1,7 +1,8 @@
 """The paper's position-embedding ablation on Fashion-MNIST: `python -m experiments.posemb_ablation`.
 
 Trains the README's small ViT with no position embedding, learned 1D, fixed 2D
-sine-cosine and relative (a learned per-head bias over 2D offsets), at equal steps
+sine-cosine, the paper's relative attention over 1D offsets (`relative`) and a learned
+per-head bias over 2D offsets (`relative_bias`), at equal steps
 and seeds, and writes a table of test top-1 (mean ± std over seeds) and plots into
 --output_dir. Finished runs are read back, so a stopped experiment continues.
 The paper (Table 8): no embedding is clearly worse; the kinds of embedding are close.
@@ -18,7 +19,8 @@ from absl import app, flags
 from experiments import common
 
 FLAGS = flags.FLAGS
-flags.DEFINE_list("kinds", ["none", "learned", "sincos2d", "relative"], "Position embeddings to compare.")
+flags.DEFINE_list("kinds", ["none", "learned", "sincos2d", "relative", "relative_bias"],
+                  "Position embeddings to compare.")
 flags.DEFINE_list("seeds", ["0", "1", "2"], "Seeds; every kind runs with each.")
 flags.DEFINE_integer("steps", 400, "Optimizer steps per run.")
 flags.DEFINE_integer("batch_size", 128, "Batch size.")

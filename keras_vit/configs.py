@@ -13,7 +13,10 @@ import re
 from typing import Any, Optional, Sequence, Tuple, Union
 
 CLASSIFIERS = ("token", "gap")
-POSITION_EMBEDDINGS = ("learned", "sincos2d", "none", "relative")
+# "relative": the paper's 1D relative attention (query-dependent); "relative_bias": a
+# learned per-head bias over 2D offsets (Swin's). See layers.MultiHeadSelfAttention.
+POSITION_EMBEDDINGS = ("learned", "sincos2d", "none", "relative", "relative_bias")
+RELATIVE_KINDS = {"relative": "attention", "relative_bias": "bias"}
 
 
 def _pair(value: Union[int, Sequence[int]], what: str) -> Tuple[int, int]:

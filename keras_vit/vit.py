@@ -9,7 +9,7 @@ import keras
 from keras import ops
 
 from keras_vit import storage
-from keras_vit.configs import ViTConfig, model_config
+from keras_vit.configs import RELATIVE_KINDS, ViTConfig, model_config
 from keras_vit.layers import (ClassToken, EncoderBlock, LayerNorm, PatchEmbedding, PositionEmbedding,
                               ResNetStem, fast_paths)
 
@@ -39,14 +39,15 @@ class VisionTransformer(keras.Model):
         self.position_embedding = PositionEmbedding(c.position_embedding, c.grid_size, c.num_prefix_tokens,
                                                     name="posembed_input", **layer_kw)
         self.embedding_dropout = keras.layers.Dropout(c.dropout_rate, name="embedding_dropout", **layer_kw)
-        relative_grid = c.grid_size if c.position_embedding == "relative" else None
+        relative_kind = RELATIVE_KINDS.get(c.position_embedding)
+        relative_grid = c.grid_size if relative_kind else None
         self.blocks = [
             EncoderBlock(
                 c.num_heads, c.mlp_dim, c.dropout_rate, c.attention_dropout_rate,
                 # Stochastic depth grows linearly with depth, from 0 at the first block.
                 c.stochastic_depth_rate * i / max(c.num_layers - 1, 1),
                 c.layer_norm_epsilon, c.gelu_approximate, relative_grid, c.num_prefix_tokens,
-                name=f"encoderblock_{i}", **layer_kw)
+                relative_kind=relative_kind or "bias", name=f"encoderblock_{i}", **layer_kw)
             for i in range(c.num_layers)
         ]
         self.encoder_norm = LayerNorm(epsilon=c.layer_norm_epsilon, name="encoder_norm", **layer_kw)

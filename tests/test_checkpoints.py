@@ -287,3 +287,16 @@ def test_save_npz_writes_the_official_file_back(tmp_path, path):
     assert sorted(again) == sorted(original)
     for name, value in original.items():
         np.testing.assert_array_equal(again[name], value.astype("float32"), err_msg=name)
+
+
+@pytest.mark.parametrize("kind", ["relative", "relative_bias"])
+def test_an_npz_of_a_relative_model_keeps_its_relative_tables(tmp_path, kind):
+    from conftest import randomise, tiny
+
+    model = randomise(tiny(position_embedding=kind))
+    path = keras_vit.save_npz(model, str(tmp_path / "model.npz"))
+    table = "relative_key" if kind == "relative" else "relative_bias"
+    assert f"Transformer/encoderblock_1/MultiHeadDotProductAttention_1/{table}" in read(path)
+    again = keras_vit.create_model(model.config, weights=path)
+    x = np.random.RandomState(0).uniform(-1, 1, (2, 32, 32, 3)).astype("float32")
+    np.testing.assert_array_equal(again.predict(x, verbose=0), model.predict(x, verbose=0))

@@ -42,9 +42,16 @@ class LayerHarnessTest(testing.TestCase):
                             input_shape=(2, 5, 8), expected_output_shape=(2, 5, 8),
                             expected_num_trainable_weights=4, expected_num_seed_generators=1)
 
-    def test_attention_relative(self):
+    def test_attention_relative_bias(self):
         self.run_layer_test(layers.MultiHeadSelfAttention,
                             {"num_heads": 2, "relative_grid": (2, 2), "num_prefix_tokens": 1},
+                            input_shape=(2, 5, 8), expected_output_shape=(2, 5, 8),
+                            expected_num_trainable_weights=5, expected_num_seed_generators=0)
+
+    def test_attention_relative_attention(self):
+        self.run_layer_test(layers.MultiHeadSelfAttention,
+                            {"num_heads": 2, "relative_grid": (2, 2), "num_prefix_tokens": 1,
+                             "relative_kind": "attention"},
                             input_shape=(2, 5, 8), expected_output_shape=(2, 5, 8),
                             expected_num_trainable_weights=5, expected_num_seed_generators=0)
 
@@ -115,6 +122,76 @@ def test_relative_position_index_is_translation_invariant():
     assert len(np.unique(idx[1:, 1:])) == (2 * 3 - 1) * (2 * 4 - 1)
 
 
+def test_the_papers_relative_offsets_are_1d_in_raster_order():
+    """Each pair of patches indexes its offset p_q - p_k in raster order (the paper's
+    1-dimensional relative attention), whatever the 2D grid; the class token's pairs
+    have rows of their own."""
+    idx = relative_position_index((3, 4), num_prefix_tokens=1, kind="attention")
+    n = 12
+    assert idx.shape == (13, 13) and num_relative_positions((3, 4), 1, "attention") == 2 * n - 1 + 3
+    patches = idx[1:, 1:]
+    for q in range(n):
+        for k in range(n):
+            assert patches[q, k] == q - k + n - 1
+    # (0,3) -> (1,0) is one step in raster order, as (0,0) -> (0,1) is; in 2D they differ.
+    assert patches[4, 3] == patches[1, 0]
+    in_2d = relative_position_index((3, 4), 1)
+    assert in_2d[1 + 4, 1 + 3] != in_2d[1 + 1, 1 + 0]
+    assert sorted({idx[0, 1], idx[1, 0], idx[0, 0]}) == [2 * n - 1, 2 * n, 2 * n + 1]
+    assert set(idx[0, 1:]) == {2 * n - 1} and set(idx[1:, 0]) == {2 * n}
+    with pytest.raises(ValueError, match="relative_kind must be one of"):
+        layers.MultiHeadSelfAttention(2, relative_grid=(2, 2), relative_kind="2d")
+
+
+def _relative_reference(layer, x, grid, prefix):
+    """The paper's relative attention in numpy: logits q.k + q.r[p_q - p_k], scaled."""
+    w, b = ops.convert_to_numpy(layer.qkv_kernel), ops.convert_to_numpy(layer.qkv_bias)
+    n, t, d = x.shape
+    h = layer.num_heads
+    q, k, _ = (u.reshape(n, t, h, d // h).transpose(0, 2, 1, 3) for u in np.split(x @ w + b, 3, axis=-1))
+    table = ops.convert_to_numpy(layer.relative_key)  # [R, H, Dh]
+    offsets = relative_position_index(grid, prefix, kind="attention")
+    rel_keys = table[offsets]  # [T, T, H, Dh]
+    logits = (q @ k.transpose(0, 1, 3, 2) + np.einsum("bhqd,qkhd->bhqk", q, rel_keys)) / np.sqrt(d // h)
+    p = np.exp(logits - logits.max(-1, keepdims=True))
+    return p / p.sum(-1, keepdims=True)
+
+
+@pytest.mark.parametrize("prefix", [0, 1])
+def test_relative_attention_adds_the_queries_logits_against_their_offsets_keys(prefix):
+    grid = (2, 3)
+    layer = layers.MultiHeadSelfAttention(2, relative_grid=grid, num_prefix_tokens=prefix,
+                                          relative_kind="attention")
+    rng = np.random.RandomState(0)
+    x = rng.normal(size=(3, 6 + prefix, 8)).astype("float32")
+    layer.build(x.shape)
+    for v in layer.weights:
+        v.assign(rng.normal(0, 0.5, v.shape))
+    _, weights = layer(x, return_attention=True)
+    np.testing.assert_allclose(weights, _relative_reference(layer, x, grid, prefix), atol=1e-5)
+
+
+def test_relative_attentions_bias_depends_on_the_query_and_relative_bias_does_not():
+    """What the offsets add to the logits: the paper's variant scales with the query
+    (it is the query against a key per offset); the bias variant ignores it."""
+    import tensorflow as tf
+
+    rng = np.random.RandomState(0)
+    q = tf.constant(rng.normal(size=(2, 2, 5, 4)).astype("float32"))
+    added = {}
+    for kind in ("attention", "bias"):
+        layer = layers.MultiHeadSelfAttention(2, relative_grid=(2, 2), num_prefix_tokens=1,
+                                              relative_kind=kind)
+        layer.build((None, 5, 8))
+        for v in layer.weights:
+            v.assign(rng.normal(0, 0.5, v.shape))
+        added[kind] = [np.broadcast_to(layer._relative_logits(s * q), (2, 2, 5, 5)) for s in (1.0, -2.0)]
+    one, other = added["attention"]
+    np.testing.assert_allclose(other, -2.0 * one, rtol=1e-5, atol=1e-6)
+    assert np.abs(one).min() > 0 and not np.allclose(one[0], one[1])  # per image, as its queries
+    np.testing.assert_array_equal(*added["bias"])
+
+
 def test_relative_bias_changes_attention():
     layer = layers.MultiHeadSelfAttention(2, relative_grid=(2, 2))
     x = np.random.RandomState(0).normal(size=(1, 4, 8)).astype("float32")
@@ -144,7 +221,7 @@ def test_attention_matches_explicit_softmax():
 
 
 @pytest.mark.parametrize("policy", ["float32", "mixed_bfloat16"])
-@pytest.mark.parametrize("relative", [False, True])
+@pytest.mark.parametrize("relative", [None, "bias", "attention"])
 @pytest.mark.parametrize("training", [False, True])
 def test_a_class_token_only_block_computes_the_full_blocks_first_token(policy, relative, training):
     """The model's class-token path: one token out, equal to the full block's first,
@@ -155,7 +232,7 @@ def test_a_class_token_only_block_computes_the_full_blocks_first_token(policy, r
 
     def make(policy):
         block = layers.EncoderBlock(2, 16, relative_grid=(2, 2) if relative else None, num_prefix_tokens=1,
-                                    dtype=policy)
+                                    relative_kind=relative or "bias", dtype=policy)
         block.build((None, 5, 8))
         return block
 

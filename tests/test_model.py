@@ -41,6 +41,7 @@ def images(n=2, h=32, w=32, seed=0):
     dict(),
     dict(classifier="gap", position_embedding="sincos2d"),
     dict(position_embedding="relative", stochastic_depth_rate=0.1, dropout_rate=0.1),
+    dict(position_embedding="relative_bias"),
     dict(position_embedding="none", representation_size=16),
     dict(patch_size=1, resnet={"num_layers": (1,), "width_factor": 0.5}),
 ])
@@ -218,7 +219,8 @@ def test_dropout_and_stochastic_depth_only_act_in_training():
     assert rates == [0.0, 0.3]
 
 
-@pytest.mark.parametrize("changes", [{}, {"classifier": "gap"}, {"position_embedding": "relative"}])
+@pytest.mark.parametrize("changes", [{}, {"classifier": "gap"}, {"position_embedding": "relative"},
+                                     {"position_embedding": "relative_bias"}])
 def test_training_and_inference_compute_the_same_function(changes):
     """Training takes another GELU (XLA-fused) and the stochastic-depth branches;
     with no dropout it must give inference's logits."""

@@ -132,7 +132,7 @@ def test_learned_similarity_is_the_cosine_of_the_weights():
     np.testing.assert_allclose(similarity, unit @ unit.T, atol=1e-5)
 
 
-@pytest.mark.parametrize("kind", ["none", "relative"])
+@pytest.mark.parametrize("kind", ["none", "relative", "relative_bias"])
 def test_similarity_needs_an_absolute_embedding(kind):
     with pytest.raises(ValueError, match="adds no embedding"):
         vis.position_embedding_similarity(tiny(position_embedding=kind))

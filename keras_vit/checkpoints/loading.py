@@ -136,6 +136,10 @@ def _model_tensors(model) -> List[Tuple[str, object, object]]:
         out.append((f"{a}/out/kernel", attn.out_kernel,
                     lambda p, n=f"{a}/out/kernel": _shaped(p, n, (h, dh, d)).reshape(-1, d)))
         direct(f"{a}/out/bias", attn.out_bias)
+        # Not in any official checkpoint: our own names, so that save_npz keeps them.
+        if attn.relative_grid is not None:
+            table = "relative_bias" if attn.relative_kind == "bias" else "relative_key"
+            direct(f"{a}/{table}", getattr(attn, table))
         for dense, layer in (("Dense_0", block.mlp.fc1), ("Dense_1", block.mlp.fc2)):
             direct(f"{pre}/MlpBlock_3/{dense}/kernel", layer.kernel)
             direct(f"{pre}/MlpBlock_3/{dense}/bias", layer.bias)

@@ -1,4 +1,4 @@
-"""Multi-head self-attention with a fused QKV projection and optional relative position bias."""
+"""Multi-head self-attention with a fused QKV projection and optional relative positions."""
 
 from __future__ import annotations
 
@@ -24,19 +24,31 @@ def _glorot_blocks(num_blocks):
     return init
 
 
-def relative_position_index(grid_size, num_prefix_tokens) -> np.ndarray:
-    """`[T, T]` indices into a relative-bias table of `num_relative_positions` rows.
+RELATIVE_KINDS = ("bias", "attention")
 
-    Patch pairs index by their 2D offset (dy, dx); with a class token, three extra
-    rows hold class->patch, patch->class and class->class (as BEiT does).
+
+def relative_position_index(grid_size, num_prefix_tokens, kind="bias") -> np.ndarray:
+    """`[T, T]` indices into a table of `num_relative_positions` rows, one per offset of
+    a query's patch from a key's.
+
+    - "bias": 2D offsets (dy, dx) on the patch grid.
+    - "attention": the paper's 1D offsets `p_q - p_k` of the patches in raster order.
+
+    With a class token, three extra rows hold class->patch, patch->class and
+    class->class (as BEiT does).
     """
     gh, gw = grid_size
-    coords = np.stack(np.meshgrid(np.arange(gh), np.arange(gw), indexing="ij"), -1).reshape(-1, 2)
-    rel = coords[:, None, :] - coords[None, :, :]
-    index = (rel[..., 0] + gh - 1) * (2 * gw - 1) + (rel[..., 1] + gw - 1)
+    n = gh * gw
+    if kind == "bias":
+        coords = np.stack(np.meshgrid(np.arange(gh), np.arange(gw), indexing="ij"), -1).reshape(-1, 2)
+        rel = coords[:, None, :] - coords[None, :, :]
+        index = (rel[..., 0] + gh - 1) * (2 * gw - 1) + (rel[..., 1] + gw - 1)
+    elif kind == "attention":
+        index = np.arange(n)[:, None] - np.arange(n)[None, :] + n - 1
+    else:
+        raise ValueError(f"relative kind must be one of {RELATIVE_KINDS}, got {kind!r}")
     if num_prefix_tokens:
-        base = (2 * gh - 1) * (2 * gw - 1)
-        n = gh * gw
+        base = _num_offsets(grid_size, kind)
         full = np.empty((n + 1, n + 1), dtype=np.int64)
         full[1:, 1:] = index
         full[0, 1:] = base
@@ -46,9 +58,13 @@ def relative_position_index(grid_size, num_prefix_tokens) -> np.ndarray:
     return index.astype("int32")
 
 
-def num_relative_positions(grid_size, num_prefix_tokens) -> int:
+def _num_offsets(grid_size, kind):
     gh, gw = grid_size
-    return (2 * gh - 1) * (2 * gw - 1) + (3 if num_prefix_tokens else 0)
+    return (2 * gh - 1) * (2 * gw - 1) if kind == "bias" else 2 * gh * gw - 1
+
+
+def num_relative_positions(grid_size, num_prefix_tokens, kind="bias") -> int:
+    return _num_offsets(grid_size, kind) + (3 if num_prefix_tokens else 0)
 
 
 @keras.saving.register_keras_serializable(package="keras_vit")
@@ -56,19 +72,30 @@ class MultiHeadSelfAttention(keras.layers.Layer):
     """Scaled dot-product self-attention over `[B, T, D]` tokens.
 
     The q, k and v projections are one `[D, 3D]` matmul; loaders fill it from the
-    official per-tensor `[D, H, D/H]` kernels. With `relative_grid` set, a learned
-    per-head bias over 2D offsets of the patch grid is added to the logits.
+    official per-tensor `[D, H, D/H]` kernels. With `relative_grid` set, the logits
+    also depend on where each key's patch lies from the query's (`relative_kind`):
+
+    - "attention", the paper's relative attention (its appendix on position
+      embeddings): each 1D offset has a learned key per head, `[R, H, D/H]`; the
+      queries attend to them too, and those logits are added to the content logits
+      before the softmax, so the bias depends on the query's content.
+    - "bias": a learned scalar per head and 2D offset, `[R, H]`, as in Swin; it does
+      not depend on the query.
 
     `call(x, return_attention=True)` also returns the attention weights `[B, H, T, T]`
     in float32. The softmax runs in `fast_paths.softmax_dtype`.
     """
 
-    def __init__(self, num_heads, dropout_rate=0.0, relative_grid=None, num_prefix_tokens=0, **kwargs):
+    def __init__(self, num_heads, dropout_rate=0.0, relative_grid=None, num_prefix_tokens=0,
+                 relative_kind="bias", **kwargs):
         super().__init__(**kwargs)
+        if relative_kind not in RELATIVE_KINDS:
+            raise ValueError(f"relative_kind must be one of {RELATIVE_KINDS}, got {relative_kind!r}")
         self.num_heads = int(num_heads)
         self.dropout_rate = float(dropout_rate)
         self.relative_grid = None if relative_grid is None else tuple(int(g) for g in relative_grid)
         self.num_prefix_tokens = int(num_prefix_tokens)
+        self.relative_kind = relative_kind
         self.attention_dropout = keras.layers.Dropout(self.dropout_rate, dtype=self.dtype_policy)
 
     def build(self, input_shape):
@@ -82,12 +109,17 @@ class MultiHeadSelfAttention(keras.layers.Layer):
                                           initializer="glorot_uniform")
         self.out_bias = self.add_weight(name="out_bias", shape=(dim,), initializer="zeros")
         if self.relative_grid is not None:
-            self.relative_bias = self.add_weight(
-                name="relative_bias",
-                shape=(num_relative_positions(self.relative_grid, self.num_prefix_tokens), self.num_heads),
-                initializer="zeros",
-            )
-            self._relative_index = relative_position_index(self.relative_grid, self.num_prefix_tokens)
+            rows = num_relative_positions(self.relative_grid, self.num_prefix_tokens, self.relative_kind)
+            if self.relative_kind == "bias":
+                self.relative_bias = self.add_weight(name="relative_bias", shape=(rows, self.num_heads),
+                                                     initializer="zeros")
+            else:
+                # As the learned absolute position embeddings are initialised.
+                self.relative_key = self.add_weight(
+                    name="relative_key", shape=(rows, self.num_heads, dim // self.num_heads),
+                    initializer=keras.initializers.RandomNormal(stddev=0.02))
+            self._relative_index = relative_position_index(self.relative_grid, self.num_prefix_tokens,
+                                                           self.relative_kind)
 
     def call(self, x, training=None, return_attention=False):
         out, weights = self.attend(x, ops.shape(x), training)
@@ -139,14 +171,29 @@ class MultiHeadSelfAttention(keras.layers.Layer):
         # latter compiled to a float32 product of upcast q and k.
         logits = ops.cast(tf.matmul(q, k, transpose_b=True), fast_paths.softmax_dtype(tokens.dtype))
         if self.relative_grid is not None:
-            index = self._relative_index[:q.shape[2]]  # the queries' rows
-            bias = ops.take(ops.cast(self.relative_bias, logits.dtype), index, axis=0)
-            logits = logits + ops.transpose(bias, (2, 0, 1))[None]
+            logits = logits + ops.cast(self._relative_logits(q), logits.dtype)
         weights = fast_paths.softmax(logits, training)
         mixed = ops.matmul(self.attention_dropout(ops.cast(weights, v.dtype), training=training), v)
         mixed = tf.reshape(ops.transpose(ops.cast(mixed, tokens.dtype), (0, 2, 1, 3)), out_shape)
         out = fast_paths.dense(mixed, self.out_kernel, self.out_bias, residual, training, few_rows=first_only)
         return out, weights
+
+    def _relative_logits(self, q):
+        """What the keys' offsets from each query add to its logits: `[1, H, Tq, T]`
+        ("bias") or `[B, H, Tq, T]` ("attention"), for scaled queries `[B, H, Tq, Dh]`
+        (the first Tq tokens)."""
+        index = self._relative_index[:q.shape[2]]  # the queries' rows
+        if self.relative_kind == "bias":
+            bias = ops.take(ops.cast(self.relative_bias, q.dtype), index, axis=0)
+            return ops.transpose(bias, (2, 0, 1))[None]
+        # Each query against every offset's key, [B, H, Tq, R], then for query i the
+        # offsets of its keys: one gather at flat positions i * R + index[i, j].
+        by_offset = tf.einsum("bhqd,rhd->bhqr", q, ops.cast(self.relative_key, q.dtype))
+        rows = self.relative_key.shape[0]
+        flat = (np.arange(index.shape[0])[:, None] * rows + index).reshape(-1)
+        lead = tf.shape(by_offset)[:2]
+        picked = tf.gather(tf.reshape(by_offset, tf.concat([lead, [-1]], 0)), flat, axis=2)
+        return tf.reshape(picked, tf.concat([lead, index.shape], 0))
 
     def _heads(self, projected, lead, parts):
         """`[N, parts * D]` -> `parts` tensors of `[B, H, T, Dh]`, where `lead` is
@@ -173,4 +220,5 @@ class MultiHeadSelfAttention(keras.layers.Layer):
             "dropout_rate": self.dropout_rate,
             "relative_grid": None if self.relative_grid is None else list(self.relative_grid),
             "num_prefix_tokens": self.num_prefix_tokens,
+            "relative_kind": self.relative_kind,
         }

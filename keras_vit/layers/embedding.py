@@ -90,7 +90,8 @@ class PositionEmbedding(keras.layers.Layer):
       - "learned": a `[1, T, D]` weight, N(0, 0.02), covering the class token too
         (the official layout, so checkpoints load as they are).
       - "sincos2d": fixed 2D sine-cosine embeddings on the patch grid; prefix tokens get zeros.
-      - "none" / "relative": adds nothing (relative positions live in the attention).
+      - "none", "relative", "relative_bias": adds nothing (relative positions live in
+        the attention).
     """
 
     def __init__(self, kind, grid_size, num_prefix_tokens=0, **kwargs):
@@ -125,7 +126,7 @@ class PositionEmbedding(keras.layers.Layer):
         return tokens
 
     def table(self):
-        """What is added to each token, `[T, D]` numpy; None for "none" and "relative"."""
+        """What is added to each token, `[T, D]` numpy; None for "none" and the relative kinds."""
         if self.kind == "learned":
             return np.asarray(keras.ops.convert_to_numpy(self.embedding))[0]
         if self.kind == "sincos2d":

@@ -97,7 +97,7 @@ class EncoderBlock(keras.layers.Layer):
 
     def __init__(self, num_heads, mlp_dim, dropout_rate=0.0, attention_dropout_rate=0.0,
                  stochastic_depth_rate=0.0, layer_norm_epsilon=1e-6, gelu_approximate=True,
-                 relative_grid=None, num_prefix_tokens=0, **kwargs):
+                 relative_grid=None, num_prefix_tokens=0, relative_kind="bias", **kwargs):
         super().__init__(**kwargs)
         self.num_heads = int(num_heads)
         self.mlp_dim = int(mlp_dim)
@@ -108,11 +108,13 @@ class EncoderBlock(keras.layers.Layer):
         self.gelu_approximate = bool(gelu_approximate)
         self.relative_grid = None if relative_grid is None else tuple(int(g) for g in relative_grid)
         self.num_prefix_tokens = int(num_prefix_tokens)
+        self.relative_kind = relative_kind
         policy = self.dtype_policy
         self.norm1 = LayerNorm(epsilon=self.layer_norm_epsilon, dtype=policy, name="LayerNorm_0")
         self.attention = MultiHeadSelfAttention(
             self.num_heads, self.attention_dropout_rate, relative_grid=self.relative_grid,
-            num_prefix_tokens=self.num_prefix_tokens, dtype=policy, name="MultiHeadDotProductAttention_1")
+            num_prefix_tokens=self.num_prefix_tokens, relative_kind=self.relative_kind, dtype=policy,
+            name="MultiHeadDotProductAttention_1")
         self.norm2 = LayerNorm(epsilon=self.layer_norm_epsilon, dtype=policy, name="LayerNorm_2")
         self.mlp = MlpBlock(self.mlp_dim, self.dropout_rate, self.gelu_approximate, dtype=policy,
                             name="MlpBlock_3")
@@ -176,4 +178,5 @@ class EncoderBlock(keras.layers.Layer):
             "gelu_approximate": self.gelu_approximate,
             "relative_grid": None if self.relative_grid is None else list(self.relative_grid),
             "num_prefix_tokens": self.num_prefix_tokens,
+            "relative_kind": self.relative_kind,
         }
