@@ -68,8 +68,12 @@ def main(argv):
     except tf.errors.InvalidArgumentError as e:
         if bad_record(e) is None:
             raise
-        sys.exit(f"bad record: {bad_record(e)}\n"
-                 "--skip_bad_records drops and counts bad training records instead.")
+        # One write, not sys.exit's line by line: libjpeg's warnings from decoder threads
+        # still running go to the same stream and could land between the two lines.
+        sys.stderr.write(f"bad record: {bad_record(e)}\n"
+                         "--skip_bad_records drops and counts bad training records instead.\n")
+        sys.stderr.flush()
+        sys.exit(1)
     model = summary.pop("model_obj")
     paths = summary["paths"]
     print(f"eval {summary['eval_split']}: top-1 {summary['eval_top1']:.4f}, top-5 {summary['eval_top5']:.4f} "
