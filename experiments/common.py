@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import csv
 import json
+import math
 import os
-from typing import Dict, List, Sequence
+import re
+from typing import Dict, List, Sequence, Tuple
 
 import numpy as np
 
@@ -17,22 +20,94 @@ RECIPE = {"learning_rate": 3e-3, "weight_decay": 0.05, "warmup_steps": 100, "dro
           "crop_area_min": 1.0}
 
 
+# Test-set evaluations over a run: the learning curve. Few-shot accuracy of the frozen
+# features (the paper's other metric) runs after the first of them and the last.
+EVALS = 10
+FEWSHOT_SHOTS = (10,)
+TRAIN_IMAGES = 60000  # Fashion-MNIST's train split
+
+
+def steps_for(epochs: float, images: int, batch_size: int) -> int:
+    """Optimizer steps for `epochs` passes over `images` at `batch_size` (at least one)."""
+    return max(1, math.ceil(epochs * images / batch_size))
+
+
+def split_images(split: str) -> int:
+    """Images in a Fashion-MNIST train split: `train`, `train[:N]` or `train[:P%]`."""
+    match = re.fullmatch(r"train(?:\[:(\d+)(%?)\])?", split)
+    if not match:
+        raise ValueError(f"train split must be train, train[:N] or train[:P%], got {split!r}")
+    if match.group(1) is None:
+        return TRAIN_IMAGES
+    n = int(match.group(1))
+    return TRAIN_IMAGES * n // 100 if match.group(2) else min(n, TRAIN_IMAGES)
+
+
+def budget(epochs: float, steps, images: int, batch_size: int) -> Tuple[int, str]:
+    """(steps, how the budget reads in a report): `steps` when given, else `epochs` passes."""
+    if steps:
+        return steps, f"{steps} steps ({steps * batch_size / images:.2f} epochs)"
+    n = steps_for(epochs, images, batch_size)
+    return n, f"{epochs:g} epochs ({n:,} steps)"
+
+
+def curves_figure(curves_by_label: Dict[str, List], images: Dict[str, int], batch_size: int, path: str,
+                  title: str) -> str:
+    """Mean test top-1 against epochs, one line per label (each a list of per-seed curves)."""
+    from keras_vit.visualize.plots import pyplot, save_figure
+
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(5.5, 3.5))
+    for label, curves in curves_by_label.items():
+        steps = np.asarray([step for step, _ in curves[0]], dtype="float64")
+        acc = 100 * np.mean([[a for _, a in c] for c in curves], axis=0)
+        ax.plot(steps * batch_size / images[label], acc, marker=".", label=label)
+    ax.set_xlabel("epochs")
+    ax.set_ylabel("test top-1 (%)")
+    ax.set_title(title)
+    ax.legend(fontsize=8)
+    return os.path.basename(save_figure(fig, path))
+
+
 def run_once(run_dir: str, steps: int, batch_size: int, seed: int, train_split: str = "train",
              model_overrides=None, build_model=None, dataset: str = "fashion_mnist_local") -> dict:
-    """Trains one model (or reads the result of a finished run in `run_dir`) and returns metrics.json."""
+    """Trains one model (or reads the result of a finished run in `run_dir`) and returns
+    metrics.json, with `curve`: [(step, test top-1)] at `EVALS` points of the run."""
     from keras_vit.training import TrainConfig, train
 
     metrics_path = os.path.join(run_dir, "metrics.json")
-    if os.path.exists(metrics_path):
-        with open(metrics_path) as f:
-            return json.load(f)
-    cfg = TrainConfig(model=MODEL, model_overrides=dict(model_overrides or {}),
-                      dataset=dataset, train_split=train_split, image_size=IMAGE_SIZE, steps=steps,
-                      batch_size=batch_size, seed=seed, output_dir=run_dir, checkpoint_every=steps,
-                      eval_every=0, cache=True, verbose=0, **RECIPE)
-    summary = train(cfg, build_model=build_model)  # writes metrics_path last, once finished
-    summary.pop("model_obj")
-    return summary
+    if not os.path.exists(metrics_path):
+        chunk = math.ceil(steps / min(EVALS, steps))
+        cfg = TrainConfig(model=MODEL, model_overrides=dict(model_overrides or {}),
+                          dataset=dataset, train_split=train_split, image_size=IMAGE_SIZE, steps=steps,
+                          batch_size=batch_size, seed=seed, output_dir=run_dir, checkpoint_every=chunk,
+                          eval_every=1, fewshot_every=EVALS, fewshot_shots=FEWSHOT_SHOTS, cache=True,
+                          verbose=0, **RECIPE)
+        train(cfg, build_model=build_model)  # writes metrics_path last, once finished
+    with open(metrics_path) as f:
+        metrics = json.load(f)
+    metrics["curve"] = learning_curve(run_dir, steps)
+    return metrics
+
+
+def learning_curve(run_dir: str, steps: int) -> List[list]:
+    """[(step, test top-1)] of each evaluation in the run's history.csv."""
+    with open(os.path.join(run_dir, "history.csv")) as f:
+        rows = [row for row in csv.DictReader(f) if row.get("val_top1") not in (None, "", "NA")]
+    chunk = math.ceil(steps / min(EVALS, steps))
+    return [[min((int(row["epoch"]) + 1) * chunk, steps), float(row["val_top1"])] for row in rows]
+
+
+def fewshot_top1(metrics: dict, shots: int = FEWSHOT_SHOTS[0]) -> float:
+    """The run's last `shots`-shot linear accuracy of the frozen features."""
+    return float(metrics["fewshot"][str(shots)]["mean"])
+
+
+def late_gain(curve: Sequence[Sequence[float]]) -> float:
+    """Test top-1 gained over the last fifth of the run: near 0 once it has converged."""
+    steps = curve[-1][0]
+    before = [acc for step, acc in curve if step <= 0.8 * steps]
+    return curve[-1][1] - (before[-1] if before else curve[0][1])
 
 
 def mean_std(values: Sequence[float]) -> str:

@@ -36,18 +36,25 @@ def _must_not_train(*args, **kwargs):
 
 def test_posemb_ablation_reports_mean_and_std_over_seeds_and_resumes(tmp_path, monkeypatch):
     out = tmp_path / "posemb"
-    args = ["--kinds=sincos2d", "--seeds=0,1", "--train_split=train[:64]", f"--output_dir={out}", *QUICK]
+    # 200 images: the 10-shot probe needs 10 of each class.
+    args = ["--kinds=sincos2d", "--seeds=0,1", "--train_split=train[:200]", f"--output_dir={out}", *QUICK]
     stdout = _run("experiments.posemb_ablation", *args)
-    assert "[2/2] sincos2d  seed 1" in stdout and f"Report: {out / 'README.md'}" in stdout
+    assert "[2/2] sincos2d      seed 1" in stdout and f"Report: {out / 'README.md'}" in stdout
     results = json.loads((out / "results.json").read_text())
     assert set(results) == {"sincos2d"}
-    rows = _table_rows((out / "README.md").read_text())
+    readme = (out / "README.md").read_text()
+    rows = _table_rows(readme)
     for kind, r in results.items():
-        top1 = 100 * np.asarray(r["top1"])
-        assert len(top1) == 2
-        assert rows[kind][0] == f"{top1.mean():.2f} ± {top1.std(ddof=1):.2f}%"
-    assert (out / "accuracy.png").stat().st_size > 1000
-    assert (out / "similarity_sincos2d.png").stat().st_size > 1000
+        top1, fewshot = 100 * np.asarray(r["top1"]), 100 * np.asarray(r["fewshot"])
+        assert len(top1) == len(fewshot) == 2
+        assert rows[kind][:2] == [f"{top1.mean():.2f} ± {top1.std(ddof=1):.2f}%",
+                                  f"{fewshot.mean():.2f} ± {fewshot.std(ddof=1):.2f}%"]
+        # An evaluation after each of the two steps; the last is the run's final top-1.
+        assert [[step for step, _ in c] for c in r["curves"]] == [[1, 2], [1, 2]]
+        assert [c[-1][1] for c in r["curves"]] == pytest.approx(r["top1"])
+    assert "2 steps (0.16 epochs)" in readme and "Table 8" in readme
+    for figure in ("accuracy.png", "learning_curves.png", "similarity_sincos2d.png"):
+        assert (out / figure).stat().st_size > 1000
     # A second start reads the finished runs instead of training again.
     monkeypatch.setattr(keras_vit.training, "train", _must_not_train)
     for seed in (0, 1):
@@ -57,15 +64,34 @@ def test_posemb_ablation_reports_mean_and_std_over_seeds_and_resumes(tmp_path, m
 
 def test_inductive_bias_compares_models_by_data_size(tmp_path):
     out = tmp_path / "bias"
-    stdout = _run("experiments.inductive_bias", "--models=resnet,hybrid", "--train_sizes=32", "--seeds=0",
+    stdout = _run("experiments.inductive_bias", "--models=resnet,hybrid", "--train_sizes=200", "--seeds=0",
                   f"--output_dir={out}", *QUICK)
-    assert "[2/2] hybrid     32 images" in stdout
+    assert "[2/2] hybrid    200 images" in stdout
     report = json.loads((out / "results.json").read_text())
-    rows = _table_rows((out / "README.md").read_text())
-    assert set(rows) == {"model", "resnet", "hybrid"}
-    assert rows["model"][1:] == ["32 images"]
+    readme = (out / "README.md").read_text()
+    tables = readme.split("Test top-1 gained")
+    rows, gains = _table_rows(tables[0]), _table_rows(tables[1])
+    assert set(rows) == {"model", "resnet", "hybrid"} and set(gains) == {"model", "resnet", "hybrid"}
+    assert rows["model"][1:] == ["200 images"]
     for kind in ("resnet", "hybrid"):
+        r = report["results"][kind]["200"]
         assert rows[kind][0] == f"{report['macs'][kind] / 1e6:.1f}"
-        assert rows[kind][1] == f"{100 * report['results'][kind]['32']['top1'][0]:.2f}%"
+        assert rows[kind][1] == f"{100 * r['top1'][0]:.2f}% ({100 * r['fewshot'][0]:.2f}%)"
+        assert gains[kind][0] == f"{100 * (r['curves'][0][-1][1] - r['curves'][0][0][1]):.2f}%"
     assert re.search(r"Training bit_resnet \([\d,]+ params", stdout)
-    assert (out / "accuracy_by_size.png").stat().st_size > 1000
+    for figure in ("accuracy_by_size.png", "learning_curves_200.png"):
+        assert (out / figure).stat().st_size > 1000
+
+
+def test_a_budget_reads_as_epochs_of_the_split_it_trains_on():
+    assert [common.split_images(s) for s in ("train", "train[:1000]", "train[:10%]")] == [60000, 1000, 6000]
+    with pytest.raises(ValueError, match="train split must be"):
+        common.split_images("test")
+    assert common.budget(20, None, 1000, 128) == (157, "20 epochs (157 steps)")
+    assert common.budget(20, 40, 1000, 128) == (40, "40 steps (5.12 epochs)")
+
+
+def test_the_gain_late_in_a_run_is_measured_from_its_last_fifth():
+    curve = [[100, 0.5], [400, 0.8], [800, 0.85], [900, 0.86], [1000, 0.88]]
+    assert common.late_gain(curve) == pytest.approx(0.03)  # from step 800, the last at or before 80%
+    assert common.late_gain([[1, 0.2], [2, 0.3]]) == pytest.approx(0.1)
