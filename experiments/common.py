@@ -69,6 +69,11 @@ def curves_figure(curves_by_label: Dict[str, List], images: Dict[str, int], batc
     return os.path.basename(save_figure(fig, path))
 
 
+def _chunk(steps: int) -> int:
+    """Steps between the run's evaluations (its checkpoints)."""
+    return math.ceil(steps / min(EVALS, steps))
+
+
 def run_once(run_dir: str, steps: int, batch_size: int, seed: int, train_split: str = "train",
              model_overrides=None, build_model=None, dataset: str = "fashion_mnist_local") -> dict:
     """Trains one model (or reads the result of a finished run in `run_dir`) and returns
@@ -77,12 +82,11 @@ def run_once(run_dir: str, steps: int, batch_size: int, seed: int, train_split: 
 
     metrics_path = os.path.join(run_dir, "metrics.json")
     if not os.path.exists(metrics_path):
-        chunk = math.ceil(steps / min(EVALS, steps))
         cfg = TrainConfig(model=MODEL, model_overrides=dict(model_overrides or {}),
                           dataset=dataset, train_split=train_split, image_size=IMAGE_SIZE, steps=steps,
-                          batch_size=batch_size, seed=seed, output_dir=run_dir, checkpoint_every=chunk,
-                          eval_every=1, fewshot_every=EVALS, fewshot_shots=FEWSHOT_SHOTS, cache=True,
-                          verbose=0, **RECIPE)
+                          batch_size=batch_size, seed=seed, output_dir=run_dir,
+                          checkpoint_every=_chunk(steps), eval_every=1, fewshot_every=EVALS,
+                          fewshot_shots=FEWSHOT_SHOTS, cache=True, verbose=0, **RECIPE)
         train(cfg, build_model=build_model)  # writes metrics_path last, once finished
     with open(metrics_path) as f:
         metrics = json.load(f)
@@ -94,8 +98,7 @@ def learning_curve(run_dir: str, steps: int) -> List[list]:
     """[(step, test top-1)] of each evaluation in the run's history.csv."""
     with open(os.path.join(run_dir, "history.csv")) as f:
         rows = [row for row in csv.DictReader(f) if row.get("val_top1") not in (None, "", "NA")]
-    chunk = math.ceil(steps / min(EVALS, steps))
-    return [[min((int(row["epoch"]) + 1) * chunk, steps), float(row["val_top1"])] for row in rows]
+    return [[min((int(row["epoch"]) + 1) * _chunk(steps), steps), float(row["val_top1"])] for row in rows]
 
 
 def fewshot_top1(metrics: dict, shots: int = FEWSHOT_SHOTS[0]) -> float:

@@ -9,8 +9,27 @@ from keras import ops
 from keras_vit.layers import fast_paths
 
 
+class Float32Weights:
+    """For a normalisation layer: its input is not autocast, and its weights are float32
+    and never autocast under any policy, a 16-bit-variable one ("bfloat16") included.
+    They enter a float32 normalisation as they are, so the twin of
+    `precision.compute_dtype_twin` matches its mixed model bit for bit, and the numbers
+    do not change with the Keras version (Keras 3.15's GroupNormalization does this,
+    earlier ones autocast)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.autocast = False
+
+    def add_weight(self, *args, **kwargs):
+        kwargs["autocast"] = False
+        if kwargs.get("dtype") is None and self.variable_dtype in ("bfloat16", "float16"):
+            kwargs["dtype"] = "float32"
+        return super().add_weight(*args, **kwargs)
+
+
 @keras.saving.register_keras_serializable(package="keras_vit")
-class LayerNorm(keras.layers.LayerNormalization):
+class LayerNorm(Float32Weights, keras.layers.LayerNormalization):
     """Keras's LayerNormalization (same weights, config and maths) over the last axis.
 
     `[..., D] -> [..., D]` in the compute dtype; statistics and the normalisation run
@@ -25,14 +44,6 @@ class LayerNorm(keras.layers.LayerNormalization):
     `fast_paths.layer_norm_form`, oneDNN's own one-pass layer norm, with gamma and beta
     cast to that dtype.
     """
-
-    def add_weight(self, *args, **kwargs):
-        # Keras never autocasts these weights (they enter the float32 normalisation as
-        # they are), so they stay float32 under a 16-bit-variable policy too: the
-        # twin of precision.compute_dtype_twin then matches its mixed model bit for bit.
-        if kwargs.get("dtype") is None and self.variable_dtype in ("bfloat16", "float16"):
-            kwargs["dtype"] = "float32"
-        return super().add_weight(*args, **kwargs)
 
     def call(self, inputs, training=None):
         if (self.axis not in ([-1], [len(inputs.shape) - 1]) or self.rms_scaling

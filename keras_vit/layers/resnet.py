@@ -10,6 +10,8 @@ from __future__ import annotations
 import keras
 from keras import ops
 
+from keras_vit.layers.normalization import Float32Weights
+
 
 @keras.saving.register_keras_serializable(package="keras_vit")
 class StdConv2D(keras.layers.Conv2D):
@@ -38,7 +40,7 @@ class StdConv2D(keras.layers.Conv2D):
 
 
 @keras.saving.register_keras_serializable(package="keras_vit")
-class GroupNorm(keras.layers.GroupNormalization):
+class GroupNorm(Float32Weights, keras.layers.GroupNormalization):
     """Keras's GroupNormalization (same weights, config and maths) for channels-last inputs.
 
     `[B, ..., C] -> [B, ..., C]`. TF reduces Keras's `[B, H, W, G, C/G]` view over
@@ -48,20 +50,8 @@ class GroupNorm(keras.layers.GroupNormalization):
     official models were trained with (faster: docs/performance.md).
 
     Under any policy the input is normalised as it comes, gamma and beta are float32
-    (never autocast; kept float32 under a 16-bit-variable policy too, as LayerNorm's) and
-    the output is in the compute dtype. Keras 3.15's GroupNormalization does this; earlier
-    Keras autocast both, so without this the numbers would change with the Keras version.
+    (`Float32Weights`) and the output is in the compute dtype.
     """
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.autocast = False
-
-    def add_weight(self, *args, **kwargs):
-        kwargs["autocast"] = False
-        if kwargs.get("dtype") is None and self.variable_dtype in ("bfloat16", "float16"):
-            kwargs["dtype"] = "float32"
-        return super().add_weight(*args, **kwargs)
 
     def call(self, inputs):
         rank = len(inputs.shape)
