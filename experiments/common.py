@@ -25,6 +25,9 @@ RECIPE = {"learning_rate": 3e-3, "weight_decay": 0.05, "warmup_steps": 100, "dro
 EVALS = 10
 FEWSHOT_SHOTS = (10,)
 TRAIN_IMAGES = 60000  # Fashion-MNIST's train split
+# Every run of a report trains under one policy, whatever machine a stopped experiment
+# resumes on: the committed runs' (bf16 is fast on AMX and AVX512-BF16 cores).
+PRECISION = "mixed_bfloat16"
 
 
 def steps_for(epochs: float, images: int, batch_size: int) -> int:
@@ -75,9 +78,13 @@ def _chunk(steps: int) -> int:
 
 
 def run_once(run_dir: str, steps: int, batch_size: int, seed: int, train_split: str = "train",
-             model_overrides=None, build_model=None, dataset: str = "fashion_mnist_local") -> dict:
+             model_overrides=None, build_model=None, dataset: str = "fashion_mnist_local",
+             precision: str = PRECISION) -> dict:
     """Trains one model (or reads the result of a finished run in `run_dir`) and returns
-    metrics.json, with `curve`: [(step, test top-1)] at `EVALS` points of the run."""
+    metrics.json, with `curve`: [(step, test top-1)] at `EVALS` points of the run.
+
+    A finished run trained under another precision is refused: one report's runs differ
+    only in what the experiment compares."""
     from keras_vit.training import TrainConfig, train
 
     metrics_path = os.path.join(run_dir, "metrics.json")
@@ -86,10 +93,14 @@ def run_once(run_dir: str, steps: int, batch_size: int, seed: int, train_split: 
                           dataset=dataset, train_split=train_split, image_size=IMAGE_SIZE, steps=steps,
                           batch_size=batch_size, seed=seed, output_dir=run_dir,
                           checkpoint_every=_chunk(steps), eval_every=1, fewshot_every=EVALS,
-                          fewshot_shots=FEWSHOT_SHOTS, cache=True, verbose=0, **RECIPE)
+                          fewshot_shots=FEWSHOT_SHOTS, cache=True, verbose=0, precision=precision,
+                          **RECIPE)
         train(cfg, build_model=build_model)  # writes metrics_path last, once finished
     with open(metrics_path) as f:
         metrics = json.load(f)
+    if metrics["precision"] != precision:
+        raise ValueError(f"{run_dir} was trained under {metrics['precision']}, not {precision}: pass "
+                         f"--precision={metrics['precision']}, or delete the run to train it again")
     metrics["curve"] = learning_curve(run_dir, steps)
     return metrics
 
@@ -111,6 +122,15 @@ def late_gain(curve: Sequence[Sequence[float]]) -> float:
     steps = curve[-1][0]
     before = [acc for step, acc in curve if step <= 0.8 * steps]
     return curve[-1][1] - (before[-1] if before else curve[0][1])
+
+
+def provenance(runs: Sequence[dict]) -> str:
+    """How the runs were trained, once for a report: precision, machines and hours."""
+    precisions = sorted({m["precision"] for m in runs})
+    machines = sorted({m.get("machine", "an unrecorded machine") for m in runs})
+    hours = sum(m["train_seconds"] for m in runs) / 3600
+    return (f"{len(runs)} runs under {' and '.join(precisions)} on {' and '.join(machines)}, "
+            f"{hours:.1f} h of training in all.")
 
 
 def mean_std(values: Sequence[float]) -> str:

@@ -26,11 +26,13 @@ FLAGS = flags.FLAGS
 flags.DEFINE_list("models", ["resnet", "vit", "hybrid"], "Which of resnet, vit, hybrid to train.")
 flags.DEFINE_list("train_sizes", ["1000", "5000", "60000"],
                   "Training images: the first N of the train split.")
-flags.DEFINE_list("seeds", ["0"], "Seeds; every model and size runs with each.")
+flags.DEFINE_list("seeds", ["0", "1", "2"], "Seeds; every model and size runs with each.")
 flags.DEFINE_list("epochs", ["200", "60", "20"],
                   "Passes over the training images, one per --train_sizes entry.")
 flags.DEFINE_integer("steps", None, "Optimizer steps per run, the same for every size (overrides --epochs).")
 flags.DEFINE_integer("batch_size", 128, "Batch size.")
+flags.DEFINE_enum("precision", common.PRECISION, ["float32", "mixed_bfloat16"],
+                  "Dtype policy of every run (a report's runs share one).")
 flags.DEFINE_string("dataset", "fashion_mnist_local",
                     "TFDS name; the default reads the Debian package offline.")
 flags.DEFINE_string("output_dir", "reports/inductive_bias", "Where the table, plot and runs go.")
@@ -72,9 +74,10 @@ def _run(kind, size, steps, seed):
     split = "train" if size >= common.TRAIN_IMAGES else f"train[:{size}]"
     if kind == "resnet":
         return common.run_once(run_dir, steps, FLAGS.batch_size, seed, split, build_model=build_resnet,
-                               dataset=FLAGS.dataset)
+                               dataset=FLAGS.dataset, precision=FLAGS.precision)
     return common.run_once(run_dir, steps, FLAGS.batch_size, seed, split,
-                           model_overrides=HYBRID if kind == "hybrid" else None, dataset=FLAGS.dataset)
+                           model_overrides=HYBRID if kind == "hybrid" else None, dataset=FLAGS.dataset,
+                           precision=FLAGS.precision)
 
 
 def _plot(results, sizes, output_dir):
@@ -111,13 +114,14 @@ def main(argv):
     quiet_info_logs()
     seeds = [int(s) for s in FLAGS.seeds]
     total = len(FLAGS.models) * len(sizes) * len(seeds)
-    results, done, start = {}, 0, time.time()
+    results, runs, done, start = {}, [], 0, time.time()
     for kind in FLAGS.models:
         results[kind] = {}
         for size in sizes:
             entry = results[kind][str(size)] = {"top1": [], "fewshot": [], "curves": [], "train_seconds": []}
             for seed in seeds:
                 m = _run(kind, size, budgets[size][0], seed)
+                runs.append(m)
                 entry["top1"].append(m["eval_top1"])
                 entry["fewshot"].append(common.fewshot_top1(m))
                 entry["curves"].append(m["curve"])
@@ -147,14 +151,15 @@ def main(argv):
     command = (f"python -m experiments.inductive_bias --models={','.join(FLAGS.models)} "
                f"--train_sizes={','.join(map(str, sizes))} "
                + (f"--steps={FLAGS.steps}" if FLAGS.steps else f"--epochs={','.join(FLAGS.epochs)}")
-               + f" --batch_size={FLAGS.batch_size} --seeds={','.join(map(str, seeds))}")
+               + f" --batch_size={FLAGS.batch_size} --seeds={','.join(map(str, seeds))} "
+               f"--precision={FLAGS.precision}")
     intro = (f"Test top-1 on the 10k Fashion-MNIST test images, and in brackets the 10-shot linear accuracy "
              f"of the frozen features (the paper's other metric), mean ± std over seeds "
              f"{', '.join(map(str, seeds))}; batch {FLAGS.batch_size}; the first N train images, for "
              + "; ".join(f"{s:,} images: {budgets[s][1]}" for s in sizes)
              + f". ResNet: BiT stages {list(RESNET['num_layers'])} at width factor {RESNET['width_factor']}. "
              f"ViT: 4 layers, width 64, 4x4 patches. Hybrid: one BiT stage, then the same ViT on the 7x7 "
-             f"feature map. Command: `{command}`.\n\n{PAPER}")
+             f"feature map. Command: `{command}`; {common.provenance(runs)}\n\n{PAPER}")
     path = common.write_report(FLAGS.output_dir, "Inductive bias at small data", intro, table,
                                {"results": results, "macs": macs}, figures)
     print(table)

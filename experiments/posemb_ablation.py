@@ -22,6 +22,9 @@ PAPER = ("The paper (Table 8: ViT-B/16 trained on ImageNet, 5-shot linear accura
          "position embedding 61.4%, learned 1D 64.2%, 2D 64.0%, relative 64.0%. Without one the model "
          "is clearly worse; how positions are encoded matters little.")
 
+# Kinds whose trained embedding's similarity is plotted (of the first seed's run).
+SIMILARITY_KINDS = ("learned", "sincos2d")
+
 FLAGS = flags.FLAGS
 flags.DEFINE_list("kinds", ["none", "learned", "sincos2d", "relative", "relative_bias"],
                   "Position embeddings to compare.")
@@ -29,6 +32,8 @@ flags.DEFINE_list("seeds", ["0", "1", "2"], "Seeds; every kind runs with each.")
 flags.DEFINE_float("epochs", 20, "Passes over the training split per run.")
 flags.DEFINE_integer("steps", None, "Optimizer steps per run (overrides --epochs).")
 flags.DEFINE_integer("batch_size", 128, "Batch size.")
+flags.DEFINE_enum("precision", common.PRECISION, ["float32", "mixed_bfloat16"],
+                  "Dtype policy of every run (a report's runs share one).")
 flags.DEFINE_string("dataset", "fashion_mnist_local",
                     "TFDS name; the default reads the Debian package offline.")
 flags.DEFINE_string("train_split", "train", "Training split (e.g. 'train[:10000]').")
@@ -53,6 +58,8 @@ def _plots(results, output_dir):
 
 
 def _similarity_figure(run_dir, output_dir, kind):
+    """The trained embedding's similarity plot, made while the run's model is on disk (git
+    keeps a run's results, not its model)."""
     import keras
 
     import keras_vit  # noqa: F401  (registers the model for loading)
@@ -76,13 +83,18 @@ def main(argv):
         raise app.UsageError(str(e))
     steps, budget = common.budget(FLAGS.epochs, FLAGS.steps, images, FLAGS.batch_size)
     total = len(FLAGS.kinds) * len(seeds)
-    results, done, start = {}, 0, time.time()
+    results, runs, done, start = {}, [], 0, time.time()
     for kind in FLAGS.kinds:
         r = results[kind] = {"top1": [], "fewshot": [], "curves": [], "seeds": seeds, "train_seconds": []}
         for seed in seeds:
             run_dir = os.path.join(FLAGS.output_dir, "runs", f"{kind}_seed{seed}")
             m = common.run_once(run_dir, steps, FLAGS.batch_size, seed, FLAGS.train_split,
-                                model_overrides={"position_embedding": kind}, dataset=FLAGS.dataset)
+                                model_overrides={"position_embedding": kind}, dataset=FLAGS.dataset,
+                                precision=FLAGS.precision)
+            runs.append(m)
+            if kind in SIMILARITY_KINDS and seed == seeds[0] and os.path.exists(
+                    os.path.join(run_dir, "model.keras")):
+                _similarity_figure(run_dir, FLAGS.output_dir, kind)
             r["top1"].append(m["eval_top1"])
             r["fewshot"].append(common.fewshot_top1(m))
             r["curves"].append(m["curve"])
@@ -103,20 +115,18 @@ def main(argv):
                                     {k: images for k in results}, FLAGS.batch_size,
                                     os.path.join(FLAGS.output_dir, "learning_curves.png"),
                                     "Test top-1 during training (mean over seeds)")]
-    for kind in ("learned", "sincos2d"):
-        if kind in results:
-            run_dir = os.path.join(FLAGS.output_dir, "runs", f"{kind}_seed{seeds[0]}")
-            figures.append(_similarity_figure(run_dir, FLAGS.output_dir, kind))
+    figures += [name for name in (f"similarity_{kind}.png" for kind in SIMILARITY_KINDS if kind in results)
+                if os.path.exists(os.path.join(FLAGS.output_dir, name))]
     command = (f"python -m experiments.posemb_ablation --kinds={','.join(FLAGS.kinds)} "
                + (f"--steps={FLAGS.steps}" if FLAGS.steps else f"--epochs={FLAGS.epochs:g}")
                + f" --batch_size={FLAGS.batch_size} --seeds={','.join(map(str, seeds))} "
-               f"--train_split='{FLAGS.train_split}'")
+               f"--train_split='{FLAGS.train_split}' --precision={FLAGS.precision}")
     intro = (f"The README's small ViT (4 layers, width 64, 4x4 patches, 7x7 tokens) on Fashion-MNIST "
              f"`{FLAGS.train_split}`, tested on the 10k test images after {budget} of batch "
              f"{FLAGS.batch_size} per run, seeds {', '.join(map(str, seeds))}; mean ± std over seeds. "
              f"{common.FEWSHOT_SHOTS[0]}-shot linear: a ridge classifier on the frozen features of "
              f"{common.FEWSHOT_SHOTS[0]} training images per class, scored on 1,000 test images, the paper's "
-             f"other metric. Command: `{command}`.\n\n{PAPER}")
+             f"other metric. Command: `{command}`; {common.provenance(runs)}\n\n{PAPER}")
     path = common.write_report(FLAGS.output_dir, "Position embedding ablation", intro, table, results,
                                figures)
     print(table)

@@ -14,6 +14,7 @@ Two different questions, both asked of TensorFlow where it can answer them:
 from __future__ import annotations
 
 import functools
+import os
 
 import tensorflow as tf
 
@@ -72,3 +73,10 @@ def describe(flags=None) -> str:
     if "avx512f" in flags:
         return "AVX-512"
     return "AVX2" if "avx2" in flags else "x86 without AVX2"
+
+
+def machine() -> str:
+    """What a run ran on, for its records: e.g. "2 AMX cores" or "8 AVX2 cores, 1 GPU"."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    gpus = len(tf.config.list_physical_devices("GPU"))
+    return f"{cpus} {describe()} cores" + (f", {gpus} GPU{'s' if gpus > 1 else ''}" if gpus else "")

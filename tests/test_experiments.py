@@ -3,6 +3,7 @@
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 
@@ -10,11 +11,12 @@ import numpy as np
 import pytest
 
 import keras_vit.training
+from keras_vit import hardware
 from experiments import common
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 pytestmark = pytest.mark.slow
-QUICK = ["--steps=2", "--batch_size=16", "--dataset=fashion_mnist_local/mini"]
+QUICK = ["--steps=2", "--batch_size=16", "--dataset=fashion_mnist_local/mini", "--precision=float32"]
 
 
 def _run(module, *args):
@@ -53,13 +55,27 @@ def test_posemb_ablation_reports_mean_and_std_over_seeds_and_resumes(tmp_path, m
         assert [[step for step, _ in c] for c in r["curves"]] == [[1, 2], [1, 2]]
         assert [c[-1][1] for c in r["curves"]] == pytest.approx(r["top1"])
     assert "2 steps (0.16 epochs)" in readme and "Table 8" in readme
+    machine = re.escape(hardware.machine())
+    assert re.search(rf"; 2 runs under float32 on {machine}, \d+\.\d h of training in all", readme)
     for figure in ("accuracy.png", "learning_curves.png", "similarity_sincos2d.png"):
         assert (out / figure).stat().st_size > 1000
-    # A second start reads the finished runs instead of training again.
+    # A second start reads the finished runs instead of training again, from their results
+    # alone (what git keeps of a run), and keeps the figure made of the trained model.
+    for run in out.glob("runs/*"):
+        for path in run.iterdir():
+            if path.name not in ("metrics.json", "history.csv"):
+                shutil.rmtree(path) if path.is_dir() else path.unlink()
+    (out / "README.md").unlink()
     monkeypatch.setattr(keras_vit.training, "train", _must_not_train)
     for seed in (0, 1):
-        again = common.run_once(str(out / "runs" / f"sincos2d_seed{seed}"), 2, 16, seed)
+        again = common.run_once(str(out / "runs" / f"sincos2d_seed{seed}"), 2, 16, seed, precision="float32")
         assert again["eval_top1"] == results["sincos2d"]["top1"][seed]
+    # ... but not as if they had run under another precision.
+    with pytest.raises(ValueError, match=r"sincos2d_seed0 was trained under float32, not mixed_bfloat16: "
+                                         r"pass --precision=float32"):
+        common.run_once(str(out / "runs" / "sincos2d_seed0"), 2, 16, 0)
+    _run("experiments.posemb_ablation", *args)
+    assert "similarity_sincos2d.png" in (out / "README.md").read_text()
 
 
 def test_inductive_bias_compares_models_by_data_size(tmp_path):
@@ -95,3 +111,12 @@ def test_the_gain_late_in_a_run_is_measured_from_its_last_fifth():
     curve = [[100, 0.5], [400, 0.8], [800, 0.85], [900, 0.86], [1000, 0.88]]
     assert common.late_gain(curve) == pytest.approx(0.03)  # from step 800, the last at or before 80%
     assert common.late_gain([[1, 0.2], [2, 0.3]]) == pytest.approx(0.1)
+
+
+@pytest.mark.skipif(not os.path.isdir(os.path.join(ROOT, ".git")), reason="not a git checkout")
+def test_git_keeps_a_runs_results_and_not_its_checkpoints():
+    run = "reports/posemb_ablation/runs/learned_seed0"
+    paths = [f"{run}/{name}" for name in ("metrics.json", "history.csv", "model.keras", "backup/chunk",
+                                          "logs/train/events")]
+    ignored = subprocess.run(["git", "check-ignore", *paths], cwd=ROOT, capture_output=True, text=True).stdout
+    assert ignored.split() == paths[2:]

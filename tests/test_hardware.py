@@ -1,6 +1,7 @@
 """keras_vit.hardware: what the precision policy, the layers' forms and the tests ask of the machine."""
 
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -25,6 +26,11 @@ def test_kinds_of_cores_from_their_flags(flags, kind, instructions):
     # bf16 is fast only with the instructions and with TF's oneDNN running bfloat16.
     assert hardware.has_fast_bf16_cpu(flags, onednn_bf16=True) is bool(instructions)
     assert hardware.has_fast_bf16_cpu(flags, onednn_bf16=False) is False
+
+
+def test_a_run_records_the_cores_it_may_use_and_their_kind():
+    cpus = len(os.sched_getaffinity(0))
+    assert re.fullmatch(rf"{cpus} {re.escape(hardware.describe())} cores(, \d+ GPUs?)?", hardware.machine())
 
 
 def test_cpu_flags_read_the_kernels_list(tmp_path):

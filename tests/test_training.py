@@ -21,7 +21,7 @@ import bf16_bounds
 from conftest import TINY_OVERRIDES, make_image_folder, small_run, train_command, write_bad_images
 
 import keras_vit
-from keras_vit import ViTConfig, data
+from keras_vit import ViTConfig, data, hardware
 from keras_vit.flops import forward_macs
 from keras_vit.precision import resolve_precision, top1_agreement, with_policy
 from keras_vit.training import (ConfigError, TrainConfig, WarmupDecay, compile_model, get_recipe,
@@ -405,7 +405,7 @@ def test_a_killed_run_resumes_from_its_last_checkpoint(fake_fmnist, tmp_path):
     assert "\x1b[" not in rerun.stdout  # not a terminal: no progress bar's escape codes
     assert re.search(rf"Training ViT-Ti/16 \([\d,]+ params{re.escape(changed)}, float32\)", rerun.stdout)
     metrics = json.loads((out / "metrics.json").read_text())
-    assert metrics["steps"] == 60
+    assert metrics["steps"] == 60 and metrics["machine"] == hardware.machine()
     history = (out / "history.csv").read_text().splitlines()
     epochs = [int(line.split(",")[0]) for line in history[1:] if line and line[0].isdigit()]
     assert epochs[-1] == 29 and saved_chunk in epochs

@@ -17,7 +17,7 @@ from typing import List, Optional, Tuple
 
 import keras
 
-from keras_vit import configs, data, flops, pretrained, storage
+from keras_vit import configs, data, flops, hardware, pretrained, storage
 from keras_vit.evaluation import FewShotPlan
 from keras_vit import precision
 from keras_vit.training import distribute, recipes
@@ -341,8 +341,8 @@ def train(cfg: TrainConfig, source=None, build_model=None) -> dict:
                "macs": flops.forward_macs(config) if config is not None else None,
                "dataset": source.name, "eval_split": eval_split, "recipe": dataclasses.asdict(recipe),
                "steps": total_updates, "batch_size": recipe.batch_size, "precision": policy,
-               "train_seconds": round(seconds, 1), "skipped_records": stats.skipped_count,
-               "bad_records": stats.skipped,
+               "machine": hardware.machine(), "train_seconds": round(seconds, 1),
+               "skipped_records": stats.skipped_count, "bad_records": stats.skipped,
                **{f"eval_{k}": v for k, v in results.items()}, "paths": paths}
     if fewshot is not None and fewshot.last is not None:
         summary["fewshot"] = fewshot.last["fewshot"]
