@@ -22,7 +22,7 @@ from typing import Dict, Iterator, List, Optional, Sequence
 import apache_beam as beam
 import tensorflow as tf
 
-from keras_vit import storage
+from keras_vit import data, storage
 from pipeline import dedup
 
 IMAGE, LABEL, LABEL_NAME, SOURCE_ID, HASH = "image", "label", "label_name", "source_id", "hash"
@@ -119,28 +119,17 @@ class SourceSpec:
 # --- TFDS --------------------------------------------------------------------------
 
 
-def _tfds_builder(name, data_dir):
-    import tensorflow_datasets as tfds
-
-    from keras_vit import fashion_mnist  # noqa: F401  (registers fashion_mnist_local)
-
-    return tfds.builder(name, data_dir=data_dir)
-
-
 def prepare_tfds(spec: SourceSpec):
     """Prepares the TFDS dataset (no GCS download) and returns its builder."""
-    from keras_vit.data import prepare
-
-    builder = _tfds_builder(spec.dataset, spec.data_dir)
-    prepare(builder)
+    builder = data.tfds().builder(spec.dataset, data_dir=spec.data_dir)
+    data.prepare(builder)
     return builder
 
 
 def _read_tfds_part(part: str, name: str, data_dir: Optional[str], image_key: str, label_key: str,
                     class_names: List[str]) -> Iterator[tf.train.Example]:
-    import tensorflow_datasets as tfds
-
-    builder = _tfds_builder(name, data_dir)
+    tfds = data.tfds()
+    builder = tfds.builder(name, data_dir=data_dir)
     decoders = tfds.decode.PartialDecoding({image_key: True, label_key: True},
                                            decoders={image_key: tfds.decode.SkipDecoding()})
     ds = builder.as_dataset(split=part, decoders=decoders, read_config=tfds.ReadConfig(add_tfds_id=True))
@@ -168,8 +157,7 @@ def tfds_splits(builder) -> Dict[str, str]:
 
 
 def tfds_class_names(builder):
-    import tensorflow_datasets as tfds
-
+    tfds = data.tfds()
     keys = builder.info.supervised_keys or ("image", "label")
     image_key, label_key = keys[0], keys[1]
     features = builder.info.features
@@ -185,15 +173,13 @@ def tfds_class_names(builder):
 
 def image_folder_layout(root: str):
     """(output split -> source folder, class names, split folder -> [(path, label name)])."""
-    from keras_vit.data import IMAGE_EXTENSIONS, image_folder_splits, list_image_folder
-
-    folders = image_folder_splits(root)
+    folders = data.image_folder_splits(root)
     if "train" not in folders:
         raise ValueError(f"image_dir {root} needs a train/ folder (it has {folders})")
     splits = output_splits(folders, f"image_dir {root}")
-    class_names, files = list_image_folder(root, list(splits.values()))
+    class_names, files = data.list_image_folder(root, list(splits.values()))
     if not files["train"]:
-        raise ValueError(f"image_dir {root}/train holds no images ({', '.join(IMAGE_EXTENSIONS)})")
+        raise ValueError(f"image_dir {root}/train holds no images ({', '.join(data.IMAGE_EXTENSIONS)})")
     return splits, class_names, files
 
 
@@ -266,12 +252,10 @@ def read_source(p: beam.Pipeline, spec: SourceSpec, parallelism: int = 8) -> Ing
     if spec.dataset:
         builder = prepare_tfds(spec)
         image_key, label_key, class_names = tfds_class_names(builder)
-        import tensorflow_datasets as tfds
-
         sources = {}
         for out_split, src_split in tfds_splits(builder).items():
             n = min(parallelism, builder.info.splits[src_split].num_examples) or 1
-            parts = tfds.even_splits(src_split, n=n)
+            parts = data.tfds().even_splits(src_split, n=n)
             sources[out_split] = (
                 p | f"Parts[{out_split}]" >> beam.Create(parts)
                 | f"ReadTFDS[{out_split}]" >> beam.FlatMap(

@@ -31,7 +31,7 @@ from typing import List, Optional
 # google-api-core warns on every import under Python 3.10, which TFX 1.16 needs.
 warnings.filterwarnings("ignore", message="You are using a non-supported Python version")
 
-from keras_vit import storage  # noqa: E402
+from keras_vit import data, storage  # noqa: E402
 from pipeline import ingest  # noqa: E402
 
 COMPONENT_ORDER = ("ImageExampleGen", "StatisticsGen", "SchemaGen", "CurateSchema", "ExampleValidator",
@@ -81,7 +81,7 @@ def input_fingerprint(spec: ingest.SourceSpec) -> str:
                 st = tf.io.gfile.stat(path)
                 digest.update(f"{split}:{path}:{st.length}:{st.mtime_nsec}\n".encode())
     else:
-        builder = ingest._tfds_builder(spec.dataset, spec.data_dir)
+        builder = data.tfds().builder(spec.dataset, data_dir=spec.data_dir)
         digest.update(f"{builder.info.full_name}:{spec.data_dir}".encode())
     return digest.hexdigest()[:24]
 
@@ -135,12 +135,10 @@ def _run_local(pipeline) -> None:
     from tfx import v1 as tfx
     from tfx.dsl.compiler import compiler
 
-    from keras_vit.data import tf_logs_through_absl_only
-
     logger = logging.getLogger("absl")
     handler = _Progress(len(pipeline.components))
     _quiet_absl()
-    tf_logs_through_absl_only()
+    data.tf_logs_through_absl_only()
     logger.setLevel(logging.INFO)  # INFO reaches the progress handler, not the console
     logger.addHandler(handler)
     # TFX 1.16's channel resolver tests the `property_predicate` message for truth, which

@@ -493,3 +493,15 @@ def test_beam_workers_that_cannot_start_stop_the_run_in_bounded_time(beam_servic
            "localhost:" in proc.stderr
     assert "did not run a one-element job within 20 s" in proc.stderr
     assert not (tmp_path / "root").exists()
+
+
+def test_a_tfds_sources_fingerprint_follows_its_version_and_data_dir(tmp_path):
+    from pipeline import ingest
+    from pipeline.run import input_fingerprint
+
+    def fingerprint(name, data_dir):
+        return input_fingerprint(ingest.SourceSpec(dataset=name, data_dir=str(tmp_path / data_dir)))
+
+    assert fingerprint("fashion_mnist_local", "a") == fingerprint("fashion_mnist_local", "a")
+    assert fingerprint("fashion_mnist_local", "a") != fingerprint("fashion_mnist_local", "b")
+    assert fingerprint("fashion_mnist_local", "a") != fingerprint("mnist", "a")
