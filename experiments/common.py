@@ -7,6 +7,7 @@ import json
 import math
 import os
 import re
+import time
 from typing import Dict, List, Sequence, Tuple
 
 import numpy as np
@@ -122,6 +123,20 @@ def late_gain(curve: Sequence[Sequence[float]]) -> float:
     steps = curve[-1][0]
     before = [acc for step, acc in curve if step <= 0.8 * steps]
     return curve[-1][1] - (before[-1] if before else curve[0][1])
+
+
+def record(cell: dict, metrics: dict) -> None:
+    """Adds a finished run's test top-1, few-shot accuracy, curve and time to a table cell."""
+    for key, value in (("top1", metrics["eval_top1"]), ("fewshot", fewshot_top1(metrics)),
+                       ("curves", metrics["curve"]), ("train_seconds", metrics["train_seconds"])):
+        cell.setdefault(key, []).append(value)
+
+
+def progress(done: int, total: int, what: str, metrics: dict, start: float) -> None:
+    """One line per finished run: `[done/total] what: its accuracies (seconds)`."""
+    print(f"[{done}/{total}] {what}: test top-1 {100 * metrics['eval_top1']:.2f}%, 10-shot "
+          f"{100 * fewshot_top1(metrics):.2f}% ({metrics['train_seconds']:.0f} s; "
+          f"{time.time() - start:.0f} s so far)", flush=True)
 
 
 def provenance(runs: Sequence[dict]) -> str:

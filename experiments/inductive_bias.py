@@ -118,18 +118,13 @@ def main(argv):
     for kind in FLAGS.models:
         results[kind] = {}
         for size in sizes:
-            entry = results[kind][str(size)] = {"top1": [], "fewshot": [], "curves": [], "train_seconds": []}
+            entry = results[kind][str(size)] = {}
             for seed in seeds:
                 m = _run(kind, size, budgets[size][0], seed)
                 runs.append(m)
-                entry["top1"].append(m["eval_top1"])
-                entry["fewshot"].append(common.fewshot_top1(m))
-                entry["curves"].append(m["curve"])
-                entry["train_seconds"].append(m["train_seconds"])
+                common.record(entry, m)
                 done += 1
-                print(f"[{done}/{total}] {kind:6s} {size:6d} images, seed {seed}: test top-1 "
-                      f"{100 * m['eval_top1']:.2f}%, 10-shot {100 * entry['fewshot'][-1]:.2f}% "
-                      f"({m['train_seconds']:.0f} s; {time.time() - start:.0f} s so far)", flush=True)
+                common.progress(done, total, f"{kind:6s} {size:6d} images, seed {seed}", m, start)
     macs = {kind: model_macs(kind) for kind in FLAGS.models}
     header = ["model", "MMACs / image"] + [f"{s:,} images" for s in sizes]
     rows = [[kind, f"{macs[kind] / 1e6:.1f}"]

@@ -85,7 +85,7 @@ def main(argv):
     total = len(FLAGS.kinds) * len(seeds)
     results, runs, done, start = {}, [], 0, time.time()
     for kind in FLAGS.kinds:
-        r = results[kind] = {"top1": [], "fewshot": [], "curves": [], "seeds": seeds, "train_seconds": []}
+        r = results[kind] = {"seeds": seeds}
         for seed in seeds:
             run_dir = os.path.join(FLAGS.output_dir, "runs", f"{kind}_seed{seed}")
             m = common.run_once(run_dir, steps, FLAGS.batch_size, seed, FLAGS.train_split,
@@ -95,14 +95,9 @@ def main(argv):
             if kind in SIMILARITY_KINDS and seed == seeds[0] and os.path.exists(
                     os.path.join(run_dir, "model.keras")):
                 _similarity_figure(run_dir, FLAGS.output_dir, kind)
-            r["top1"].append(m["eval_top1"])
-            r["fewshot"].append(common.fewshot_top1(m))
-            r["curves"].append(m["curve"])
-            r["train_seconds"].append(m["train_seconds"])
+            common.record(r, m)
             done += 1
-            print(f"[{done}/{total}] {kind:13s} seed {seed}: test top-1 {100 * m['eval_top1']:.2f}%, "
-                  f"10-shot {100 * r['fewshot'][-1]:.2f}% ({m['train_seconds']:.0f} s; "
-                  f"{time.time() - start:.0f} s so far)", flush=True)
+            common.progress(done, total, f"{kind:13s} seed {seed}", m, start)
     rows = [[k, common.mean_std(r["top1"]), common.mean_std(r["fewshot"]),
              common.mean_std([common.late_gain(c) for c in r["curves"]]),
              ", ".join(f"{100 * v:.2f}" for v in r["top1"])]
