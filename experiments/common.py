@@ -8,7 +8,7 @@ import math
 import os
 import re
 import time
-from typing import Dict, List, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -148,6 +148,24 @@ def provenance(runs: Sequence[dict]) -> str:
             f"{hours:.1f} h of training in all.")
 
 
+def difference(a: Sequence[float], b: Sequence[float]) -> Tuple[float, Optional[bool]]:
+    """Mean of `a` minus mean of `b` in points (accuracies are fractions), and whether the
+    difference is clear: beyond twice its standard error over seeds (None with fewer than
+    two seeds on a side, where there is no spread to judge it by)."""
+    a, b = 100 * np.asarray(a, dtype="float64"), 100 * np.asarray(b, dtype="float64")
+    d = float(a.mean() - b.mean())
+    if len(a) < 2 or len(b) < 2:
+        return d, None
+    se = math.sqrt(a.var(ddof=1) / len(a) + b.var(ddof=1) / len(b))
+    return d, abs(d) > 2 * se
+
+
+def says(d: float, clear: Optional[bool]) -> str:
+    """A difference as a report words it: `+1.20 points (clear)`."""
+    noise = {None: "one seed", True: "clear", False: "within the seeds' noise"}[clear]
+    return f"{d:+.2f} points ({noise})"
+
+
 def mean_std(values: Sequence[float]) -> str:
     """`mean ± std` in percent (sample std over seeds; just the value for one seed)."""
     v = 100 * np.asarray(values, dtype="float64")
@@ -162,15 +180,16 @@ def markdown_table(header: List[str], rows: List[List[str]]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_report(output_dir: str, title: str, intro: str, table: str, results: Dict,
+def write_report(output_dir: str, title: str, intro: str, table: str, findings: str, results: Dict,
                  figures: List[str]) -> str:
-    """Writes `README.md` (title, setup, table, figures) and `results.json`; returns the README path."""
+    """Writes `README.md` (title, setup, table, findings against the paper's, figures) and
+    `results.json`; returns the README path."""
     os.makedirs(output_dir, exist_ok=True)
     with open(os.path.join(output_dir, "results.json"), "w") as f:
         json.dump(results, f, indent=2)
     path = os.path.join(output_dir, "README.md")
     with open(path, "w") as f:
-        f.write(f"# {title}\n\n{intro}\n\n{table}\n")
+        f.write(f"# {title}\n\n{intro}\n\n{table}\n## Against the paper\n\n{findings}\n")
         for fig in figures:
             f.write(f"![{os.path.splitext(fig)[0]}]({fig})\n\n")
     return path

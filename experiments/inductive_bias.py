@@ -16,11 +16,7 @@ import time
 
 from absl import app, flags
 
-from experiments import common
-
-PAPER = ("The paper (Figures 3 and 4, pre-training on ImageNet, ImageNet-21k and JFT-300M and its "
-         "subsets): the ResNets do better with less data; ViT overtakes them as data grows; hybrids "
-         "beat ViT at small budgets and the difference vanishes with more.")
+from experiments import common, paper
 
 FLAGS = flags.FLAGS
 flags.DEFINE_list("models", ["resnet", "vit", "hybrid"], "Which of resnet, vit, hybrid to train.")
@@ -154,8 +150,9 @@ def main(argv):
              + "; ".join(f"{s:,} images: {budgets[s][1]}" for s in sizes)
              + f". ResNet: BiT stages {list(RESNET['num_layers'])} at width factor {RESNET['width_factor']}. "
              f"ViT: 4 layers, width 64, 4x4 patches. Hybrid: one BiT stage, then the same ViT on the 7x7 "
-             f"feature map. Command: `{command}`; {common.provenance(runs)}\n\n{PAPER}")
+             f"feature map. Command: `{command}`; {common.provenance(runs)}\n\n{paper.INDUCTIVE_BIAS}")
     path = common.write_report(FLAGS.output_dir, "Inductive bias at small data", intro, table,
+                               paper.inductive_bias_findings(results, sizes),
                                {"results": results, "macs": macs}, figures)
     print(table)
     print(f"Report: {path}\nFigures: {', '.join(os.path.join(FLAGS.output_dir, f) for f in figures)}")

@@ -16,11 +16,7 @@ import time
 import numpy as np
 from absl import app, flags
 
-from experiments import common
-
-PAPER = ("The paper (Table 8: ViT-B/16 trained on ImageNet, 5-shot linear accuracy on ImageNet): no "
-         "position embedding 61.4%, learned 1D 64.2%, 2D 64.0%, relative 64.0%. Without one the model "
-         "is clearly worse; how positions are encoded matters little.")
+from experiments import common, paper
 
 # Kinds whose trained embedding's similarity is plotted (of the first seed's run).
 SIMILARITY_KINDS = ("learned", "sincos2d")
@@ -121,9 +117,9 @@ def main(argv):
              f"{FLAGS.batch_size} per run, seeds {', '.join(map(str, seeds))}; mean ± std over seeds. "
              f"{common.FEWSHOT_SHOTS[0]}-shot linear: a ridge classifier on the frozen features of "
              f"{common.FEWSHOT_SHOTS[0]} training images per class, scored on 1,000 test images, the paper's "
-             f"other metric. Command: `{command}`; {common.provenance(runs)}\n\n{PAPER}")
-    path = common.write_report(FLAGS.output_dir, "Position embedding ablation", intro, table, results,
-                               figures)
+             f"other metric. Command: `{command}`; {common.provenance(runs)}\n\n{paper.POSEMB}")
+    path = common.write_report(FLAGS.output_dir, "Position embedding ablation", intro, table,
+                               paper.posemb_findings(results), results, figures)
     print(table)
     print(f"Report: {path}\nFigures: {', '.join(os.path.join(FLAGS.output_dir, f) for f in figures)}")
 

@@ -12,7 +12,7 @@ import pytest
 
 import keras_vit.training
 from keras_vit import hardware
-from experiments import common
+from experiments import common, paper
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 pytestmark = pytest.mark.slow
@@ -55,6 +55,7 @@ def test_posemb_ablation_reports_mean_and_std_over_seeds_and_resumes(tmp_path, m
         assert [[step for step, _ in c] for c in r["curves"]] == [[1, 2], [1, 2]]
         assert [c[-1][1] for c in r["curves"]] == pytest.approx(r["top1"])
     assert "2 steps (0.16 epochs)" in readme and "Table 8" in readme
+    assert "## Against the paper" in readme  # one kind: nothing to compare
     machine = re.escape(hardware.machine())
     assert re.search(rf"; 2 runs under float32 on {machine}, \d+\.\d h of training in all", readme)
     for figure in ("accuracy.png", "learning_curves.png", "similarity_sincos2d.png"):
@@ -89,6 +90,7 @@ def test_inductive_bias_compares_models_by_data_size(tmp_path):
     rows, gains = _table_rows(tables[0]), _table_rows(tables[1])
     assert set(rows) == {"model", "resnet", "hybrid"} and set(gains) == {"model", "resnet", "hybrid"}
     assert rows["model"][1:] == ["200 images"]
+    assert "- test top-1, Hybrid − ViT" not in readme  # no ViT in this run to compare with
     for kind in ("resnet", "hybrid"):
         r = report["results"][kind]["200"]
         assert rows[kind][0] == f"{report['macs'][kind] / 1e6:.1f}"
@@ -120,3 +122,47 @@ def test_git_keeps_a_runs_results_and_not_its_checkpoints():
                                           "logs/train/events")]
     ignored = subprocess.run(["git", "check-ignore", *paths], cwd=ROOT, capture_output=True, text=True).stdout
     assert ignored.split() == paths[2:]
+
+
+def _cell(*top1, fewshot=None):
+    return {"top1": list(top1), "fewshot": list(fewshot or top1)}
+
+
+def test_a_difference_is_clear_only_beyond_twice_its_standard_error():
+    d, clear = common.difference([0.80, 0.81, 0.82], [0.70, 0.71, 0.72])
+    assert d == pytest.approx(10.0) and clear is True
+    assert common.difference([0.80, 0.85, 0.75], [0.79, 0.84, 0.74])[1] is False
+    assert common.difference([0.8], [0.7]) == (pytest.approx(10.0), None)
+    assert common.says(-1.234, True) == "-1.23 points (clear)"
+
+
+def test_the_position_embedding_findings_say_where_they_agree_with_the_paper():
+    agree = {"none": _cell(0.70, 0.71, 0.72), "learned": _cell(0.80, 0.81, 0.82),
+             "sincos2d": _cell(0.805, 0.80, 0.815)}
+    text = paper.posemb_findings(agree)
+    assert "- test top-1, no embedding against each: learned -10.00 points (clear)" in text
+    assert text.count("Clearly worse without one, as in the paper.") == 2  # top-1 and 10-shot
+    assert text.count("None clearly apart, as in the paper") == 2
+    # An embedding clearly ahead of the others, and one no better than none: both said.
+    disagree = {**agree, "relative": _cell(0.70, 0.715, 0.72, fewshot=[0.80, 0.81, 0.82])}
+    text = paper.posemb_findings(disagree)
+    assert "Not clearly worse than relative, unlike the paper." in text
+    assert "Unlike the paper (0.2 points apart): learned above relative by 9.83 points; " in text
+    assert paper.posemb_findings({k: _cell(v["top1"][0]) for k, v in agree.items()}).count("One seed") == 4
+
+
+def test_the_inductive_bias_findings_follow_the_gap_as_data_grows():
+    results = {"resnet": {"1000": _cell(0.80, 0.81, 0.82), "60000": _cell(0.88, 0.885, 0.89)},
+               "vit": {"1000": _cell(0.70, 0.71, 0.72), "60000": _cell(0.90, 0.905, 0.91)},
+               "hybrid": {"1000": _cell(0.75, 0.76, 0.77), "60000": _cell(0.905, 0.90, 0.91)}}
+    text = paper.inductive_bias_findings(results, [1000, 60000])
+    assert ("- test top-1, ResNet − ViT: +10.00 points (clear) at 1,000 images, -2.00 points (clear) at "
+            "60,000. Ahead at 1,000 images, as in the paper; ViT ahead at 60,000, as in the paper.") in text
+    assert "Hybrid − ViT: +5.00 points (clear) at 1,000 images" in text
+    assert "within the seeds' noise at 60,000, as in the paper" in text
+    results["vit"]["60000"] = _cell(0.84, 0.845, 0.85)  # ResNet still ahead, by less
+    results["resnet"]["1000"] = _cell(0.70, 0.72, 0.71)  # and level with ViT at 1k
+    text = paper.inductive_bias_findings(results, [1000, 60000])
+    assert "Not clearly ahead at 1,000 images, unlike the paper; ViT not ahead at 60,000" in text
+    assert "the gap widens by 4.00 points" in text
+    assert "still apart at 60,000, unlike the paper" in text
