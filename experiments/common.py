@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import io
 import json
 import math
 import os
@@ -11,6 +12,8 @@ import time
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
+
+from keras_vit import storage
 
 # The 4-layer, 64-wide ViT with 4x4 patches that the README trains on Fashion-MNIST.
 MODEL = "FMNIST-ViT"  # the small ViT of the docs: 4x4 patches, 4 layers of width 64
@@ -48,10 +51,13 @@ def split_images(split: str) -> int:
 
 
 def budget(epochs: float, steps, images: int, batch_size: int) -> Tuple[int, str]:
-    """(steps, how the budget reads in a report): `steps` when given, else `epochs` passes."""
+    """(steps, how the budget reads in a report): `steps` when given, else `epochs` passes,
+    rounded up to whole evaluation intervals as training runs them."""
     if steps:
-        return steps, f"{steps} steps ({steps * batch_size / images:.2f} epochs)"
+        n = _chunk(steps) * math.ceil(steps / _chunk(steps))
+        return n, f"{n:,} steps ({n * batch_size / images:.2f} epochs)"
     n = steps_for(epochs, images, batch_size)
+    n = _chunk(n) * math.ceil(n / _chunk(n))
     return n, f"{epochs:g} epochs ({n:,} steps)"
 
 
@@ -70,7 +76,7 @@ def curves_figure(curves_by_label: Dict[str, List], images: Dict[str, int], batc
     ax.set_ylabel("test top-1 (%)")
     ax.set_title(title)
     ax.legend(fontsize=8)
-    return os.path.basename(save_figure(fig, path))
+    return storage.basename(save_figure(fig, path))
 
 
 def _chunk(steps: int) -> int:
@@ -84,12 +90,13 @@ def run_once(run_dir: str, steps: int, batch_size: int, seed: int, train_split: 
     """Trains one model (or reads the result of a finished run in `run_dir`) and returns
     metrics.json, with `curve`: [(step, test top-1)] at `EVALS` points of the run.
 
-    A finished run trained under another precision is refused: one report's runs differ
+    `steps` should be a multiple of `_chunk(steps)` (as `budget` returns). A finished run
+    trained for other steps or under another precision is refused: one report's runs differ
     only in what the experiment compares."""
     from keras_vit.training import TrainConfig, train
 
-    metrics_path = os.path.join(run_dir, "metrics.json")
-    if not os.path.exists(metrics_path):
+    metrics_path = storage.join(run_dir, "metrics.json")
+    if not storage.exists(metrics_path):
         cfg = TrainConfig(model=MODEL, model_overrides=dict(model_overrides or {}),
                           dataset=dataset, train_split=train_split, image_size=IMAGE_SIZE, steps=steps,
                           batch_size=batch_size, seed=seed, output_dir=run_dir,
@@ -97,8 +104,11 @@ def run_once(run_dir: str, steps: int, batch_size: int, seed: int, train_split: 
                           fewshot_shots=FEWSHOT_SHOTS, cache=True, verbose=0, precision=precision,
                           **RECIPE)
         train(cfg, build_model=build_model)  # writes metrics_path last, once finished
-    with open(metrics_path) as f:
-        metrics = json.load(f)
+    metrics = json.loads(storage.read_text(metrics_path))
+    if metrics["steps"] != steps:
+        raise ValueError(f"{run_dir} was trained for {metrics['steps']:,} steps, not {steps:,}: pass the "
+                         f"budget it was trained with, another --output_dir, or delete the run to train "
+                         f"it again")
     if metrics["precision"] != precision:
         raise ValueError(f"{run_dir} was trained under {metrics['precision']}, not {precision}: pass "
                          f"--precision={metrics['precision']}, or delete the run to train it again")
@@ -108,8 +118,9 @@ def run_once(run_dir: str, steps: int, batch_size: int, seed: int, train_split: 
 
 def learning_curve(run_dir: str, steps: int) -> List[list]:
     """[(step, test top-1)] of each evaluation in the run's history.csv."""
-    with open(os.path.join(run_dir, "history.csv")) as f:
-        rows = [row for row in csv.DictReader(f) if row.get("val_top1") not in (None, "", "NA")]
+    history = storage.read_text(storage.join(run_dir, "history.csv"))
+    rows = [row for row in csv.DictReader(io.StringIO(history))
+            if row.get("val_top1") not in (None, "", "NA")]
     return [[min((int(row["epoch"]) + 1) * _chunk(steps), steps), float(row["val_top1"])] for row in rows]
 
 
@@ -182,14 +193,12 @@ def markdown_table(header: List[str], rows: List[List[str]]) -> str:
 
 def write_report(output_dir: str, title: str, intro: str, table: str, findings: str, results: Dict,
                  figures: List[str]) -> str:
-    """Writes `README.md` (title, setup, table, findings against the paper's, figures) and
-    `results.json`; returns the README path."""
-    os.makedirs(output_dir, exist_ok=True)
-    with open(os.path.join(output_dir, "results.json"), "w") as f:
-        json.dump(results, f, indent=2)
-    path = os.path.join(output_dir, "README.md")
-    with open(path, "w") as f:
-        f.write(f"# {title}\n\n{intro}\n\n{table}\n## Against the paper\n\n{findings}\n")
-        for fig in figures:
-            f.write(f"![{os.path.splitext(fig)[0]}]({fig})\n\n")
-    return path
+    """Writes `README.md` (title, setup, table, findings against the paper's when there are
+    any, figures) and `results.json` into `output_dir` (local or a bucket); returns the
+    README path."""
+    storage.write_text(storage.join(output_dir, "results.json"), json.dumps(results, indent=2))
+    text = f"# {title}\n\n{intro}\n\n{table}\n"
+    if findings.strip():
+        text += f"## Against the paper\n\n{findings}\n"
+    text += "".join(f"![{os.path.splitext(fig)[0]}]({fig})\n\n" for fig in figures)
+    return storage.write_text(storage.join(output_dir, "README.md"), text)

@@ -11,12 +11,12 @@ into --output_dir.
 
 from __future__ import annotations
 
-import os
 import time
 
 from absl import app, flags
 
 from experiments import common, paper
+from keras_vit import storage
 
 FLAGS = flags.FLAGS
 flags.DEFINE_list("models", ["resnet", "vit", "hybrid"], "Which of resnet, vit, hybrid to train.")
@@ -66,7 +66,7 @@ def model_macs(kind: str, num_classes: int = 10) -> int:
 
 
 def _run(kind, size, steps, seed):
-    run_dir = os.path.join(FLAGS.output_dir, "runs", f"{kind}_{size}_seed{seed}")
+    run_dir = storage.join(FLAGS.output_dir, "runs", f"{kind}_{size}_seed{seed}")
     split = "train" if size >= common.TRAIN_IMAGES else f"train[:{size}]"
     if kind == "resnet":
         return common.run_once(run_dir, steps, FLAGS.batch_size, seed, split, build_model=build_resnet,
@@ -91,7 +91,7 @@ def _plot(results, sizes, output_dir):
     ax.set_ylabel("test top-1 (%)")
     ax.set_title("ResNet vs ViT vs hybrid by data size")
     ax.legend()
-    return os.path.basename(save_figure(fig, os.path.join(output_dir, "accuracy_by_size.png")))
+    return storage.basename(save_figure(fig, storage.join(output_dir, "accuracy_by_size.png")))
 
 
 def main(argv):
@@ -137,7 +137,7 @@ def main(argv):
         figures.append(common.curves_figure(
             {kind: results[kind][str(size)]["curves"] for kind in FLAGS.models},
             {kind: size for kind in FLAGS.models}, FLAGS.batch_size,
-            os.path.join(FLAGS.output_dir, f"learning_curves_{size}.png"),
+            storage.join(FLAGS.output_dir, f"learning_curves_{size}.png"),
             f"Test top-1 during training on {size:,} images"))
     command = (f"python -m experiments.inductive_bias --models={','.join(FLAGS.models)} "
                f"--train_sizes={','.join(map(str, sizes))} "
@@ -155,7 +155,7 @@ def main(argv):
                                paper.inductive_bias_findings(results, sizes),
                                {"results": results, "macs": macs}, figures)
     print(table)
-    print(f"Report: {path}\nFigures: {', '.join(os.path.join(FLAGS.output_dir, f) for f in figures)}")
+    print(f"Report: {path}\nFigures: {', '.join(storage.join(FLAGS.output_dir, f) for f in figures)}")
 
 
 if __name__ == "__main__":

@@ -10,13 +10,14 @@ back, so a stopped experiment continues.
 
 from __future__ import annotations
 
-import os
+import json
 import time
 
 import numpy as np
 from absl import app, flags
 
 from experiments import common, paper
+from keras_vit import storage
 
 # Kinds whose trained embedding's similarity is plotted (of the first seed's run).
 SIMILARITY_KINDS = ("learned", "sincos2d")
@@ -50,21 +51,32 @@ def _plots(results, output_dir):
     ax.set_ylim(max(lo - 3, 0), min(max(a.max() for a in acc) + 1, 100))
     ax.set_ylabel("test top-1 (%)")
     ax.set_title("Position embedding ablation")
-    return os.path.basename(save_figure(fig, os.path.join(output_dir, "accuracy.png")))
+    return storage.basename(save_figure(fig, storage.join(output_dir, "accuracy.png")))
 
 
-def _similarity_figure(run_dir, output_dir, kind):
-    """The trained embedding's similarity plot, made while the run's model is on disk (git
-    keeps a run's results, not its model)."""
-    import keras
-
-    import keras_vit  # noqa: F401  (registers the model for loading)
+def _similarity_figure(run_dir, output_dir, kind, seed):
+    """The trained embedding's similarity plot, of the run in `run_dir`, or None if it has
+    neither its model nor its similarities. The similarities are kept in the run as
+    `similarity.json` (git keeps them, as it keeps the run's metrics, not its model), so the
+    figure always shows the run in the table."""
     from keras_vit import visualize
 
-    model = keras.saving.load_model(os.path.join(run_dir, "model.keras"), compile=False)
-    path = os.path.join(output_dir, f"similarity_{kind}.png")
-    visualize.plot_position_similarity(visualize.position_embedding_similarity(model), path)
-    return os.path.basename(path)
+    sim_path = storage.join(run_dir, "similarity.json")
+    model_path = storage.join(run_dir, "model.keras")
+    if storage.exists(sim_path):
+        sim = np.asarray(json.loads(storage.read_text(sim_path)), dtype="float32")
+    elif storage.exists(model_path):
+        import keras
+
+        model = keras.saving.load_model(model_path, compile=False)
+        sim = visualize.position_embedding_similarity(model)
+        storage.write_text(sim_path, json.dumps(np.round(sim.astype("float64"), 4).tolist()))
+    else:
+        return None
+    path = storage.join(output_dir, f"similarity_{kind}.png")
+    title = f"{kind} position embedding, seed {seed}: cosine similarity"
+    visualize.plot_position_similarity(sim, path, title=title)
+    return storage.basename(path)
 
 
 def main(argv):
@@ -79,18 +91,19 @@ def main(argv):
         raise app.UsageError(str(e))
     steps, budget = common.budget(FLAGS.epochs, FLAGS.steps, images, FLAGS.batch_size)
     total = len(FLAGS.kinds) * len(seeds)
-    results, runs, done, start = {}, [], 0, time.time()
+    results, runs, similarities, done, start = {}, [], [], 0, time.time()
     for kind in FLAGS.kinds:
         r = results[kind] = {"seeds": seeds}
         for seed in seeds:
-            run_dir = os.path.join(FLAGS.output_dir, "runs", f"{kind}_seed{seed}")
+            run_dir = storage.join(FLAGS.output_dir, "runs", f"{kind}_seed{seed}")
             m = common.run_once(run_dir, steps, FLAGS.batch_size, seed, FLAGS.train_split,
                                 model_overrides={"position_embedding": kind}, dataset=FLAGS.dataset,
                                 precision=FLAGS.precision)
             runs.append(m)
-            if kind in SIMILARITY_KINDS and seed == seeds[0] and os.path.exists(
-                    os.path.join(run_dir, "model.keras")):
-                _similarity_figure(run_dir, FLAGS.output_dir, kind)
+            if kind in SIMILARITY_KINDS and seed == seeds[0]:
+                similarity = _similarity_figure(run_dir, FLAGS.output_dir, kind, seed)
+                if similarity:
+                    similarities.append(similarity)
             common.record(r, m)
             done += 1
             common.progress(done, total, f"{kind:13s} seed {seed}", m, start)
@@ -104,10 +117,9 @@ def main(argv):
     figures = [_plots(results, FLAGS.output_dir),
                common.curves_figure({k: r["curves"] for k, r in results.items()},
                                     {k: images for k in results}, FLAGS.batch_size,
-                                    os.path.join(FLAGS.output_dir, "learning_curves.png"),
+                                    storage.join(FLAGS.output_dir, "learning_curves.png"),
                                     "Test top-1 during training (mean over seeds)")]
-    figures += [name for name in (f"similarity_{kind}.png" for kind in SIMILARITY_KINDS if kind in results)
-                if os.path.exists(os.path.join(FLAGS.output_dir, name))]
+    figures += similarities
     command = (f"python -m experiments.posemb_ablation --kinds={','.join(FLAGS.kinds)} "
                + (f"--steps={FLAGS.steps}" if FLAGS.steps else f"--epochs={FLAGS.epochs:g}")
                + f" --batch_size={FLAGS.batch_size} --seeds={','.join(map(str, seeds))} "
@@ -121,7 +133,7 @@ def main(argv):
     path = common.write_report(FLAGS.output_dir, "Position embedding ablation", intro, table,
                                paper.posemb_findings(results), results, figures)
     print(table)
-    print(f"Report: {path}\nFigures: {', '.join(os.path.join(FLAGS.output_dir, f) for f in figures)}")
+    print(f"Report: {path}\nFigures: {', '.join(storage.join(FLAGS.output_dir, f) for f in figures)}")
 
 
 if __name__ == "__main__":

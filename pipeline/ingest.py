@@ -252,10 +252,10 @@ def read_source(p: beam.Pipeline, spec: SourceSpec, parallelism: int = 8) -> Ing
     if spec.dataset:
         builder = prepare_tfds(spec)
         image_key, label_key, class_names = tfds_class_names(builder)
-        sources = {}
+        sources, tfds = {}, data.tfds()
         for out_split, src_split in tfds_splits(builder).items():
             n = min(parallelism, builder.info.splits[src_split].num_examples) or 1
-            parts = data.tfds().even_splits(src_split, n=n)
+            parts = tfds.even_splits(src_split, n=n)
             sources[out_split] = (
                 p | f"Parts[{out_split}]" >> beam.Create(parts)
                 | f"ReadTFDS[{out_split}]" >> beam.FlatMap(

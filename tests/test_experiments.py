@@ -55,18 +55,23 @@ def test_posemb_ablation_reports_mean_and_std_over_seeds_and_resumes(tmp_path, m
         assert [[step for step, _ in c] for c in r["curves"]] == [[1, 2], [1, 2]]
         assert [c[-1][1] for c in r["curves"]] == pytest.approx(r["top1"])
     assert "2 steps (0.16 epochs)" in readme and "Table 8" in readme
-    assert "## Against the paper" in readme  # one kind: nothing to compare
+    assert "## Against the paper" not in readme  # one kind: nothing to compare
     machine = re.escape(hardware.machine())
     assert re.search(rf"; 2 runs under float32 on {machine}, \d+\.\d h of training in all", readme)
     for figure in ("accuracy.png", "learning_curves.png", "similarity_sincos2d.png"):
         assert (out / figure).stat().st_size > 1000
+    # The similarity figure is of the first seed's run, kept beside its results.
+    assert "![similarity_sincos2d](similarity_sincos2d.png)" in readme
+    assert (out / "runs/sincos2d_seed0/similarity.json").exists()
+    assert not (out / "runs/sincos2d_seed1/similarity.json").exists()
     # A second start reads the finished runs instead of training again, from their results
-    # alone (what git keeps of a run), and keeps the figure made of the trained model.
+    # alone (what git keeps of a run), and draws the figure again from the run's similarities.
     for run in out.glob("runs/*"):
         for path in run.iterdir():
-            if path.name not in ("metrics.json", "history.csv"):
+            if path.name not in ("metrics.json", "history.csv", "similarity.json"):
                 shutil.rmtree(path) if path.is_dir() else path.unlink()
     (out / "README.md").unlink()
+    (out / "similarity_sincos2d.png").unlink()
     monkeypatch.setattr(keras_vit.training, "train", _must_not_train)
     for seed in (0, 1):
         again = common.run_once(str(out / "runs" / f"sincos2d_seed{seed}"), 2, 16, seed, precision="float32")
@@ -75,8 +80,12 @@ def test_posemb_ablation_reports_mean_and_std_over_seeds_and_resumes(tmp_path, m
     with pytest.raises(ValueError, match=r"sincos2d_seed0 was trained under float32, not mixed_bfloat16: "
                                          r"pass --precision=float32"):
         common.run_once(str(out / "runs" / "sincos2d_seed0"), 2, 16, 0)
+    # ... nor as if they had run for another budget.
+    with pytest.raises(ValueError, match=r"sincos2d_seed0 was trained for 2 steps, not 4: pass the budget"):
+        common.run_once(str(out / "runs" / "sincos2d_seed0"), 4, 16, 0, precision="float32")
     _run("experiments.posemb_ablation", *args)
-    assert "similarity_sincos2d.png" in (out / "README.md").read_text()
+    assert "![similarity_sincos2d](similarity_sincos2d.png)" in (out / "README.md").read_text()
+    assert (out / "similarity_sincos2d.png").stat().st_size > 1000
 
 
 def test_inductive_bias_compares_models_by_data_size(tmp_path):
@@ -105,8 +114,11 @@ def test_a_budget_reads_as_epochs_of_the_split_it_trains_on():
     assert [common.split_images(s) for s in ("train", "train[:1000]", "train[:10%]")] == [60000, 1000, 6000]
     with pytest.raises(ValueError, match="train split must be"):
         common.split_images("test")
-    assert common.budget(20, None, 1000, 128) == (157, "20 epochs (157 steps)")
+    # Steps round up to whole evaluation intervals (a tenth of the run), as training runs them.
+    assert common.budget(20, None, 1000, 128) == (160, "20 epochs (160 steps)")
+    assert common.budget(20, None, 60000, 128) == (9380, "20 epochs (9,380 steps)")
     assert common.budget(20, 40, 1000, 128) == (40, "40 steps (5.12 epochs)")
+    assert common.budget(20, 41, 1000, 128) == (45, "45 steps (5.76 epochs)")
 
 
 def test_the_gain_late_in_a_run_is_measured_from_its_last_fifth():
@@ -118,10 +130,10 @@ def test_the_gain_late_in_a_run_is_measured_from_its_last_fifth():
 @pytest.mark.skipif(not os.path.isdir(os.path.join(ROOT, ".git")), reason="not a git checkout")
 def test_git_keeps_a_runs_results_and_not_its_checkpoints():
     run = "reports/posemb_ablation/runs/learned_seed0"
-    paths = [f"{run}/{name}" for name in ("metrics.json", "history.csv", "model.keras", "backup/chunk",
-                                          "logs/train/events")]
+    paths = [f"{run}/{name}" for name in ("metrics.json", "history.csv", "similarity.json", "model.keras",
+                                          "backup/chunk", "logs/train/events")]
     ignored = subprocess.run(["git", "check-ignore", *paths], cwd=ROOT, capture_output=True, text=True).stdout
-    assert ignored.split() == paths[2:]
+    assert ignored.split() == paths[3:]
 
 
 def _cell(*top1, fewshot=None):

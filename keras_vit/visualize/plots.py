@@ -83,7 +83,8 @@ def plot_rollout(images, maps, path: str, titles: Optional[Sequence[str]] = None
     return save_figure(fig, path)
 
 
-def plot_position_similarity(similarity, path: str) -> str:
+def plot_position_similarity(similarity, path: str,
+                             title: str = "Position embedding similarity (cosine)") -> str:
     """The `[gh, gw, gh, gw]` similarities as a gh x gw grid of maps (Figure 7, centre)."""
     plt = pyplot()
     sim = np.asarray(similarity)
@@ -94,7 +95,7 @@ def plot_position_similarity(similarity, path: str) -> str:
             axes[i, j].imshow(sim[i, j], vmin=-1, vmax=1, cmap="viridis")
             axes[i, j].set_xticks([])
             axes[i, j].set_yticks([])
-    fig.suptitle("Position embedding similarity (cosine)")
+    fig.suptitle(title)
     return save_figure(fig, path)
 
 
