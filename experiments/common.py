@@ -150,6 +150,27 @@ def progress(done: int, total: int, what: str, metrics: dict, start: float) -> N
           f"{time.time() - start:.0f} s so far)", flush=True)
 
 
+def budget_check(results: Dict[str, dict], longer: Dict[str, dict], batch_size: int, images: int) -> str:
+    """The same runs at a longer budget against ours, one line per run in both (label and
+    seed): does the budget suffice? `results` and `longer` map labels to table cells with
+    `seeds`, `top1`, `fewshot` and `curves`; "" when no run is in both."""
+    lines = []
+    for label, cell in results.items():
+        other = longer.get(label, {})
+        for i, seed in enumerate(cell["seeds"]):
+            if seed not in other.get("seeds", []):
+                continue
+            j = other["seeds"].index(seed)
+            ours, theirs = (round(c["curves"][k][-1][0] * batch_size / images, 1)
+                            for c, k in ((cell, i), (other, j)))
+            metrics = (("top1", "test top-1"), ("fewshot", f"{FEWSHOT_SHOTS[0]}-shot linear"))
+            gains = [f"{name} {100 * other[key][j]:.2f}% ({100 * (other[key][j] - cell[key][i]):+.2f} points)"
+                     for key, name in metrics]
+            lines.append(f"- {label}, seed {seed}, after {theirs:g} epochs instead of {ours:g}: "
+                         + ", ".join(gains) + ".")
+    return "\n".join(lines)
+
+
 def provenance(runs: Sequence[dict]) -> str:
     """How the runs were trained, once for a report: precision, machines and hours."""
     precisions = sorted({m["precision"] for m in runs})

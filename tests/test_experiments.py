@@ -83,8 +83,14 @@ def test_posemb_ablation_reports_mean_and_std_over_seeds_and_resumes(tmp_path, m
     # ... nor as if they had run for another budget.
     with pytest.raises(ValueError, match=r"sincos2d_seed0 was trained for 2 steps, not 4: pass the budget"):
         common.run_once(str(out / "runs" / "sincos2d_seed0"), 4, 16, 0, precision="float32")
-    _run("experiments.posemb_ablation", *args)
-    assert "![similarity_sincos2d](similarity_sincos2d.png)" in (out / "README.md").read_text()
+    # The report compares its runs with the same runs trained for longer (here, themselves).
+    _run("experiments.posemb_ablation", *args, f"--longer={out}")
+    readme = (out / "README.md").read_text()
+    assert "The same runs trained for longer ([report](./README.md))" in readme
+    top1 = 100 * results["sincos2d"]["top1"][1]
+    assert (f"- sincos2d, seed 1, after 0.2 epochs instead of 0.2: test top-1 {top1:.2f}% (+0.00 points)"
+            in readme)
+    assert "![similarity_sincos2d](similarity_sincos2d.png)" in readme
     assert (out / "similarity_sincos2d.png").stat().st_size > 1000
 
 
@@ -119,6 +125,17 @@ def test_a_budget_reads_as_epochs_of_the_split_it_trains_on():
     assert common.budget(20, None, 60000, 128) == (9380, "20 epochs (9,380 steps)")
     assert common.budget(20, 40, 1000, 128) == (40, "40 steps (5.12 epochs)")
     assert common.budget(20, 41, 1000, 128) == (45, "45 steps (5.76 epochs)")
+
+
+def test_a_longer_budget_is_compared_run_by_run():
+    ours = {"learned": {"seeds": [0, 1], "top1": [0.80, 0.82], "fewshot": [0.70, 0.71],
+                        "curves": [[[50, 0.7], [100, 0.80]], [[50, 0.7], [100, 0.82]]]},
+            "none": {"seeds": [0], "top1": [0.75], "fewshot": [0.6], "curves": [[[100, 0.75]]]}}
+    longer = {"learned": {"seeds": [1], "top1": [0.835], "fewshot": [0.70], "curves": [[[200, 0.835]]]}}
+    assert common.budget_check(ours, longer, 128, 6400) == (
+        "- learned, seed 1, after 4 epochs instead of 2: test top-1 83.50% (+1.50 points), "
+        "10-shot linear 70.00% (-1.00 points).")
+    assert common.budget_check(ours, {}, 128, 6400) == ""
 
 
 def test_the_gain_late_in_a_run_is_measured_from_its_last_fifth():
