@@ -150,10 +150,12 @@ def progress(done: int, total: int, what: str, metrics: dict, start: float) -> N
           f"{time.time() - start:.0f} s so far)", flush=True)
 
 
-def budget_check(results: Dict[str, dict], longer: Dict[str, dict], batch_size: int, images: int) -> str:
+def budget_check(results: Dict[str, dict], longer: Dict[str, dict], batch_size: int,
+                 images: Dict[str, int]) -> str:
     """The same runs at a longer budget against ours, one line per run in both (label and
     seed): does the budget suffice? `results` and `longer` map labels to table cells with
-    `seeds`, `top1`, `fewshot` and `curves`; "" when no run is in both."""
+    `seeds`, `top1`, `fewshot` and `curves`; `images` maps labels to their training images.
+    "" when no run is in both."""
     lines = []
     for label, cell in results.items():
         other = longer.get(label, {})
@@ -161,7 +163,7 @@ def budget_check(results: Dict[str, dict], longer: Dict[str, dict], batch_size: 
             if seed not in other.get("seeds", []):
                 continue
             j = other["seeds"].index(seed)
-            ours, theirs = (round(c["curves"][k][-1][0] * batch_size / images, 1)
+            ours, theirs = (round(c["curves"][k][-1][0] * batch_size / images[label], 1)
                             for c, k in ((cell, i), (other, j)))
             metrics = (("top1", "test top-1"), ("fewshot", f"{FEWSHOT_SHOTS[0]}-shot linear"))
             gains = [f"{name} {100 * other[key][j]:.2f}% ({100 * (other[key][j] - cell[key][i]):+.2f} points)"
@@ -169,6 +171,25 @@ def budget_check(results: Dict[str, dict], longer: Dict[str, dict], batch_size: 
             lines.append(f"- {label}, seed {seed}, after {theirs:g} epochs instead of {ours:g}: "
                          + ", ".join(gains) + ".")
     return "\n".join(lines)
+
+
+def check_longer(longer_dir: Optional[str]) -> None:
+    """Refuses, before any training, a --longer that holds no report."""
+    if longer_dir and not storage.exists(storage.join(longer_dir, "results.json")):
+        raise ValueError(f"--longer={longer_dir} holds no results.json: run the experiment there first")
+
+
+def read_results(output_dir: str) -> dict:
+    """A report's `results.json`."""
+    return json.loads(storage.read_text(storage.join(output_dir, "results.json")))
+
+
+def longer_section(lines: str, longer_dir: str, output_dir: str) -> str:
+    """`budget_check`'s lines under a heading that links the longer report ("" without lines)."""
+    if not lines:
+        return ""
+    link = longer_dir if storage.is_url(longer_dir) else storage.relpath(longer_dir, output_dir)
+    return f"\nThe same runs trained for longer ([report]({storage.join(link, 'README.md')})):\n\n{lines}\n"
 
 
 def provenance(runs: Sequence[dict]) -> str:

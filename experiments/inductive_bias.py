@@ -32,6 +32,9 @@ flags.DEFINE_enum("precision", common.PRECISION, ["float32", "mixed_bfloat16"],
 flags.DEFINE_string("dataset", "fashion_mnist_local",
                     "TFDS name; the default reads the Debian package offline.")
 flags.DEFINE_string("output_dir", "reports/inductive_bias", "Where the table, plot and runs go.")
+flags.DEFINE_string("longer", None, "--output_dir of the same experiment trained for longer (a few of its "
+                    "models, sizes and seeds suffice): the report compares the runs in both, to show "
+                    "whether these budgets suffice.")
 
 # Two BiT stages of three units at half width (the second at stride 2): 28 px -> 4x4 x 256.
 RESNET = {"num_layers": (3, 3), "width_factor": 0.5}
@@ -94,6 +97,15 @@ def _plot(results, sizes, output_dir):
     return storage.basename(save_figure(fig, storage.join(output_dir, "accuracy_by_size.png")))
 
 
+def _label(kind, size):
+    return f"{kind}, {int(size):,} images"
+
+
+def _by_label(results):
+    """{model: {size: cell}} as {"model, N images": cell}."""
+    return {_label(kind, size): cell for kind, by_size in results.items() for size, cell in by_size.items()}
+
+
 def main(argv):
     del argv
     for kind in FLAGS.models:
@@ -103,6 +115,10 @@ def main(argv):
     if not FLAGS.steps and len(FLAGS.epochs) != len(sizes):
         raise app.UsageError(f"--epochs needs one value per --train_sizes entry ({len(sizes)}), "
                              f"got {len(FLAGS.epochs)}")
+    try:
+        common.check_longer(FLAGS.longer)
+    except ValueError as e:
+        raise app.UsageError(str(e))
     budgets = {size: common.budget(float(FLAGS.epochs[i]) if not FLAGS.steps else 0, FLAGS.steps, size,
                                    FLAGS.batch_size) for i, size in enumerate(sizes)}
     from keras_vit.data import quiet_info_logs
@@ -114,7 +130,7 @@ def main(argv):
     for kind in FLAGS.models:
         results[kind] = {}
         for size in sizes:
-            entry = results[kind][str(size)] = {}
+            entry = results[kind][str(size)] = {"seeds": seeds}
             for seed in seeds:
                 m = _run(kind, size, budgets[size][0], seed)
                 runs.append(m)
@@ -132,6 +148,11 @@ def main(argv):
     table = (common.markdown_table(header, rows) + "\nTest top-1 gained over the last fifth of each run "
              "(near 0 where it has stopped improving):\n\n"
              + common.markdown_table(["model"] + header[2:], gains))
+    if FLAGS.longer:
+        longer = common.read_results(FLAGS.longer)["results"]
+        lines = common.budget_check(_by_label(results), _by_label(longer), FLAGS.batch_size,
+                                    {_label(kind, size): size for kind in FLAGS.models for size in sizes})
+        table += common.longer_section(lines, FLAGS.longer, FLAGS.output_dir)
     figures = [_plot(results, sizes, FLAGS.output_dir)]
     for size in sizes:
         figures.append(common.curves_figure(

@@ -82,17 +82,6 @@ def _similarity_figure(run_dir, output_dir, kind, seed):
     return storage.basename(path)
 
 
-def _longer(results, images):
-    """The report's lines comparing its runs with the same runs trained for longer."""
-    if not FLAGS.longer:
-        return ""
-    longer = json.loads(storage.read_text(storage.join(FLAGS.longer, "results.json")))
-    lines = common.budget_check(results, longer, FLAGS.batch_size, images)
-    link = FLAGS.longer if storage.is_url(FLAGS.longer) else storage.relpath(FLAGS.longer, FLAGS.output_dir)
-    return (f"\nThe same runs trained for longer ([report]({storage.join(link, 'README.md')})):\n\n{lines}\n"
-            if lines else "")
-
-
 def main(argv):
     del argv
     from keras_vit.data import quiet_info_logs
@@ -101,11 +90,10 @@ def main(argv):
     seeds = [int(s) for s in FLAGS.seeds]
     try:
         images = common.split_images(FLAGS.train_split)
+        common.check_longer(FLAGS.longer)
     except ValueError as e:
         raise app.UsageError(str(e))
     steps, budget = common.budget(FLAGS.epochs, FLAGS.steps, images, FLAGS.batch_size)
-    if FLAGS.longer and not storage.exists(storage.join(FLAGS.longer, "results.json")):
-        raise app.UsageError(f"--longer={FLAGS.longer} holds no results.json: run the experiment there first")
     total = len(FLAGS.kinds) * len(seeds)
     results, runs, similarities, done, start = {}, [], [], 0, time.time()
     for kind in FLAGS.kinds:
@@ -129,7 +117,11 @@ def main(argv):
             for k, r in results.items()]
     header = ["position embedding", "test top-1", f"{common.FEWSHOT_SHOTS[0]}-shot linear",
               "top-1 gained in the last fifth", "top-1 per seed"]
-    table = common.markdown_table(header, rows) + _longer(results, images)
+    table = common.markdown_table(header, rows)
+    if FLAGS.longer:
+        lines = common.budget_check(results, common.read_results(FLAGS.longer), FLAGS.batch_size,
+                                    {kind: images for kind in results})
+        table += common.longer_section(lines, FLAGS.longer, FLAGS.output_dir)
     figures = [_plots(results, FLAGS.output_dir),
                common.curves_figure({k: r["curves"] for k, r in results.items()},
                                     {k: images for k in results}, FLAGS.batch_size,

@@ -96,8 +96,8 @@ def test_posemb_ablation_reports_mean_and_std_over_seeds_and_resumes(tmp_path, m
 
 def test_inductive_bias_compares_models_by_data_size(tmp_path):
     out = tmp_path / "bias"
-    stdout = _run("experiments.inductive_bias", "--models=resnet,hybrid", "--train_sizes=200", "--seeds=0",
-                  f"--output_dir={out}", *QUICK)
+    args = ["--models=resnet,hybrid", "--train_sizes=200", "--seeds=0", f"--output_dir={out}", *QUICK]
+    stdout = _run("experiments.inductive_bias", *args)
     assert "[2/2] hybrid    200 images" in stdout
     report = json.loads((out / "results.json").read_text())
     readme = (out / "README.md").read_text()
@@ -114,6 +114,17 @@ def test_inductive_bias_compares_models_by_data_size(tmp_path):
     assert re.search(r"Training bit_resnet \([\d,]+ params", stdout)
     for figure in ("accuracy_by_size.png", "learning_curves_200.png"):
         assert (out / figure).stat().st_size > 1000
+    # Against the same runs trained for longer (here, themselves, read back): one line a run.
+    _run("experiments.inductive_bias", *args, f"--longer={out}")
+    readme = (out / "README.md").read_text()
+    assert "- resnet, 200 images, seed 0, after 0.2 epochs instead of 0.2: test top-1 " in readme
+    assert "- hybrid, 200 images, seed 0, after 0.2 epochs instead of 0.2: test top-1 " in readme
+    # A --longer without a report is refused before anything trains.
+    env = {**os.environ, "PYTHONPATH": ROOT, "TF_CPP_MIN_LOG_LEVEL": "2"}
+    result = subprocess.run([sys.executable, "-m", "experiments.inductive_bias", *args,
+                             f"--longer={tmp_path / 'none'}"], cwd=ROOT, env=env, capture_output=True,
+                            text=True)
+    assert result.returncode != 0 and "holds no results.json: run the experiment there first" in result.stderr
 
 
 def test_a_budget_reads_as_epochs_of_the_split_it_trains_on():
@@ -132,10 +143,11 @@ def test_a_longer_budget_is_compared_run_by_run():
                         "curves": [[[50, 0.7], [100, 0.80]], [[50, 0.7], [100, 0.82]]]},
             "none": {"seeds": [0], "top1": [0.75], "fewshot": [0.6], "curves": [[[100, 0.75]]]}}
     longer = {"learned": {"seeds": [1], "top1": [0.835], "fewshot": [0.70], "curves": [[[200, 0.835]]]}}
-    assert common.budget_check(ours, longer, 128, 6400) == (
+    images = {"learned": 6400, "none": 6400}
+    assert common.budget_check(ours, longer, 128, images) == (
         "- learned, seed 1, after 4 epochs instead of 2: test top-1 83.50% (+1.50 points), "
         "10-shot linear 70.00% (-1.00 points).")
-    assert common.budget_check(ours, {}, 128, 6400) == ""
+    assert common.budget_check(ours, {}, 128, images) == ""
 
 
 def test_the_gain_late_in_a_run_is_measured_from_its_last_fifth():
