@@ -79,4 +79,5 @@ def machine() -> str:
     """What a run ran on, for its records: e.g. "2 AMX cores" or "8 AVX2 cores, 1 GPU"."""
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     gpus = len(tf.config.list_physical_devices("GPU"))
-    return f"{cpus} {describe()} cores" + (f", {gpus} GPU{'s' if gpus > 1 else ''}" if gpus else "")
+    cores = f"{cpus} {describe()} core{'s' if cpus > 1 else ''}"
+    return cores + (f", {gpus} GPU{'s' if gpus > 1 else ''}" if gpus else "")

@@ -28,9 +28,13 @@ def test_kinds_of_cores_from_their_flags(flags, kind, instructions):
     assert hardware.has_fast_bf16_cpu(flags, onednn_bf16=False) is False
 
 
-def test_a_run_records_the_cores_it_may_use_and_their_kind():
+def test_a_run_records_the_cores_it_may_use_and_their_kind(monkeypatch):
     cpus = len(os.sched_getaffinity(0))
-    assert re.fullmatch(rf"{cpus} {re.escape(hardware.describe())} cores(, \d+ GPUs?)?", hardware.machine())
+    core = "core" if cpus == 1 else "cores"
+    assert re.fullmatch(rf"{cpus} {re.escape(hardware.describe())} {core}(, \d+ GPUs?)?", hardware.machine())
+    # A process pinned to one core (as experiments run side by side are) says so.
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0})
+    assert re.fullmatch(rf"1 {re.escape(hardware.describe())} core(, \d+ GPUs?)?", hardware.machine())
 
 
 def test_cpu_flags_read_the_kernels_list(tmp_path):
