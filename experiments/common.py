@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import csv
 import io
 import json
@@ -192,13 +193,22 @@ def longer_section(lines: str, longer_dir: str, output_dir: str) -> str:
     return f"\nThe same runs trained for longer ([report]({storage.join(link, 'README.md')})):\n\n{lines}\n"
 
 
+def output_flags(flag_values) -> str:
+    """The command's --output_dir (when not its default) and --longer, as a report quotes them."""
+    out = flag_values["output_dir"]
+    text = "" if out.value == out.default else f" --output_dir={out.value}"
+    return text + (f" --longer={flag_values.longer}" if flag_values.longer else "")
+
+
 def provenance(runs: Sequence[dict]) -> str:
     """How the runs were trained, once for a report: precision, machines and hours."""
     precisions = sorted({m["precision"] for m in runs})
-    machines = sorted({m.get("machine", "an unrecorded machine") for m in runs})
+    machines = collections.Counter(m.get("machine", "an unrecorded machine") for m in runs)
+    on = " and ".join(machines) if len(machines) == 1 else " and ".join(
+        f"{machine} ({n} run{'s' if n > 1 else ''})" for machine, n in sorted(machines.items()))
     hours = sum(m["train_seconds"] for m in runs) / 3600
-    return (f"{len(runs)} runs under {' and '.join(precisions)} on {' and '.join(machines)}, "
-            f"{hours:.1f} h of training in all.")
+    count = f"{len(runs)} run{'s' if len(runs) > 1 else ''}"
+    return f"{count} under {' and '.join(precisions)} on {on}, {hours:.1f} h of training in all."
 
 
 def difference(a: Sequence[float], b: Sequence[float]) -> Tuple[float, Optional[bool]]:

@@ -164,7 +164,7 @@ def main(argv):
                f"--train_sizes={','.join(map(str, sizes))} "
                + (f"--steps={FLAGS.steps}" if FLAGS.steps else f"--epochs={','.join(FLAGS.epochs)}")
                + f" --batch_size={FLAGS.batch_size} --seeds={','.join(map(str, seeds))} "
-               f"--precision={FLAGS.precision}")
+               f"--precision={FLAGS.precision}" + common.output_flags(FLAGS))
     intro = (f"Test top-1 on the 10k Fashion-MNIST test images, and in brackets the 10-shot linear accuracy "
              f"of the frozen features (the paper's other metric), mean ± std over seeds "
              f"{', '.join(map(str, seeds))}; batch {FLAGS.batch_size}; the first N train images, for "

@@ -131,7 +131,8 @@ def main(argv):
     command = (f"python -m experiments.posemb_ablation --kinds={','.join(FLAGS.kinds)} "
                + (f"--steps={FLAGS.steps}" if FLAGS.steps else f"--epochs={FLAGS.epochs:g}")
                + f" --batch_size={FLAGS.batch_size} --seeds={','.join(map(str, seeds))} "
-               f"--train_split='{FLAGS.train_split}' --precision={FLAGS.precision}")
+               f"--train_split='{FLAGS.train_split}' --precision={FLAGS.precision}"
+               + common.output_flags(FLAGS))
     intro = (f"The README's small ViT (4 layers, width 64, 4x4 patches, 7x7 tokens) on Fashion-MNIST "
              f"`{FLAGS.train_split}`, tested on the 10k test images after {budget} of batch "
              f"{FLAGS.batch_size} per run, seeds {', '.join(map(str, seeds))}; mean ± std over seeds. "

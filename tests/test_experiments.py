@@ -87,6 +87,7 @@ def test_posemb_ablation_reports_mean_and_std_over_seeds_and_resumes(tmp_path, m
     _run("experiments.posemb_ablation", *args, f"--longer={out}")
     readme = (out / "README.md").read_text()
     assert "The same runs trained for longer ([report](./README.md))" in readme
+    assert f"--output_dir={out} --longer={out}`" in readme
     top1 = 100 * results["sincos2d"]["top1"][1]
     assert (f"- sincos2d, seed 1, after 0.2 epochs instead of 0.2: test top-1 {top1:.2f}% (+0.00 points)"
             in readme)
@@ -136,6 +137,15 @@ def test_a_budget_reads_as_epochs_of_the_split_it_trains_on():
     assert common.budget(20, None, 60000, 128) == (9380, "20 epochs (9,380 steps)")
     assert common.budget(20, 40, 1000, 128) == (40, "40 steps (5.12 epochs)")
     assert common.budget(20, 41, 1000, 128) == (45, "45 steps (5.76 epochs)")
+
+
+def test_a_report_says_once_how_its_runs_were_trained():
+    run = {"precision": "mixed_bfloat16", "machine": "2 AMX cores", "train_seconds": 1800}
+    assert common.provenance([run]) == "1 run under mixed_bfloat16 on 2 AMX cores, 0.5 h of training in all."
+    pinned = {**run, "machine": "1 AMX core", "train_seconds": 3600}
+    assert common.provenance([run, run, pinned]) == (
+        "3 runs under mixed_bfloat16 on 1 AMX core (1 run) and 2 AMX cores (2 runs), 2.0 h of training "
+        "in all.")
 
 
 def test_a_longer_budget_is_compared_run_by_run():
