@@ -85,6 +85,11 @@ def _chunk(steps: int) -> int:
     return math.ceil(steps / min(EVALS, steps))
 
 
+def finished(run_dir: str) -> bool:
+    """Whether the run in `run_dir` has finished (training writes its metrics.json last)."""
+    return storage.exists(storage.join(run_dir, "metrics.json"))
+
+
 def run_once(run_dir: str, steps: int, batch_size: int, seed: int, train_split: str = "train",
              model_overrides=None, build_model=None, dataset: str = "fashion_mnist_local",
              precision: str = PRECISION) -> dict:
@@ -97,7 +102,7 @@ def run_once(run_dir: str, steps: int, batch_size: int, seed: int, train_split: 
     from keras_vit.training import TrainConfig, train
 
     metrics_path = storage.join(run_dir, "metrics.json")
-    if not storage.exists(metrics_path):
+    if not finished(run_dir):
         cfg = TrainConfig(model=MODEL, model_overrides=dict(model_overrides or {}),
                           dataset=dataset, train_split=train_split, image_size=IMAGE_SIZE, steps=steps,
                           batch_size=batch_size, seed=seed, output_dir=run_dir,

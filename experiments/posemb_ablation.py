@@ -35,6 +35,8 @@ flags.DEFINE_string("dataset", "fashion_mnist_local",
                     "TFDS name; the default reads the Debian package offline.")
 flags.DEFINE_string("train_split", "train", "Training split (e.g. 'train[:10000]').")
 flags.DEFINE_string("output_dir", "reports/posemb_ablation", "Where the table, plots and runs go.")
+flags.DEFINE_bool("finished_only", False, "Report the finished runs and train none, for a look at an "
+                  "experiment still under way; the report names the runs still to train.")
 flags.DEFINE_string("longer", None, "--output_dir of the same experiment trained for longer (a few of its "
                     "kinds and seeds suffice): the report compares the runs in both, to show whether this "
                     "budget suffices.")
@@ -95,11 +97,13 @@ def main(argv):
         raise app.UsageError(str(e))
     steps, budget = common.budget(FLAGS.epochs, FLAGS.steps, images, FLAGS.batch_size)
     total = len(FLAGS.kinds) * len(seeds)
-    results, runs, similarities, done, start = {}, [], [], 0, time.time()
+    results, runs, similarities, missing, done, start = {}, [], [], [], 0, time.time()
     for kind in FLAGS.kinds:
-        r = results[kind] = {"seeds": seeds}
         for seed in seeds:
             run_dir = storage.join(FLAGS.output_dir, "runs", f"{kind}_seed{seed}")
+            if FLAGS.finished_only and not common.finished(run_dir):
+                missing.append(f"{kind} seed {seed}")
+                continue
             m = common.run_once(run_dir, steps, FLAGS.batch_size, seed, FLAGS.train_split,
                                 model_overrides={"position_embedding": kind}, dataset=FLAGS.dataset,
                                 precision=FLAGS.precision)
@@ -108,12 +112,16 @@ def main(argv):
                 similarity = _similarity_figure(run_dir, FLAGS.output_dir, kind, seed)
                 if similarity:
                     similarities.append(similarity)
+            r = results.setdefault(kind, {"seeds": []})
+            r["seeds"].append(seed)
             common.record(r, m)
             done += 1
             common.progress(done, total, f"{kind:13s} seed {seed}", m, start)
+    if not results:
+        raise app.UsageError(f"no finished runs in {FLAGS.output_dir} of these kinds and seeds")
     rows = [[k, common.mean_std(r["top1"]), common.mean_std(r["fewshot"]),
              common.mean_std([common.late_gain(c) for c in r["curves"]]),
-             ", ".join(f"{100 * v:.2f}" for v in r["top1"])]
+             ", ".join(f"{seed}: {100 * v:.2f}" for seed, v in zip(r["seeds"], r["top1"]))]
             for k, r in results.items()]
     header = ["position embedding", "test top-1", f"{common.FEWSHOT_SHOTS[0]}-shot linear",
               "top-1 gained in the last fifth", "top-1 per seed"]
@@ -138,7 +146,9 @@ def main(argv):
              f"{FLAGS.batch_size} per run, seeds {', '.join(map(str, seeds))}; mean ± std over seeds. "
              f"{common.FEWSHOT_SHOTS[0]}-shot linear: a ridge classifier on the frozen features of "
              f"{common.FEWSHOT_SHOTS[0]} training images per class, scored on 1,000 test images, the paper's "
-             f"other metric. Command: `{command}`; {common.provenance(runs)}\n\n{paper.POSEMB}")
+             f"other metric. Command: `{command}`; {common.provenance(runs)}"
+             + (f" Of its runs, these are still to train: {', '.join(missing)}." if missing else "")
+             + f"\n\n{paper.POSEMB}")
     path = common.write_report(FLAGS.output_dir, "Position embedding ablation", intro, table,
                                paper.posemb_findings(results), results, figures)
     print(table)

@@ -93,6 +93,13 @@ def test_posemb_ablation_reports_mean_and_std_over_seeds_and_resumes(tmp_path, m
             in readme)
     assert "![similarity_sincos2d](similarity_sincos2d.png)" in readme
     assert (out / "similarity_sincos2d.png").stat().st_size > 1000
+    # Of an experiment under way, --finished_only reports what has finished and trains nothing.
+    _run("experiments.posemb_ablation", *args, "--kinds=sincos2d,none", "--seeds=0,1,2", "--finished_only")
+    readme = (out / "README.md").read_text()
+    assert "these are still to train: sincos2d seed 2, none seed 0, none seed 1, none seed 2." in readme
+    assert _table_rows(readme)["sincos2d"][3] == ", ".join(
+        f"{seed}: {100 * v:.2f}" for seed, v in enumerate(results["sincos2d"]["top1"]))
+    assert not (out / "runs/none_seed0").exists()
 
 
 def test_inductive_bias_compares_models_by_data_size(tmp_path):
