@@ -146,7 +146,7 @@ def main(argv):
     gains = [[kind] + [common.mean_std([common.late_gain(c) for c in results[kind][str(s)]["curves"]])
                        for s in sizes] for kind in FLAGS.models]
     table = (common.markdown_table(header, rows) + "\nTest top-1 gained over the last fifth of each run "
-             "(near 0 where it has stopped improving):\n\n"
+             "(as the learning rate decays to 0; `--longer` tells whether a budget suffices):\n\n"
              + common.markdown_table(["model"] + header[2:], gains))
     if FLAGS.longer:
         longer = common.read_results(FLAGS.longer)["results"]
