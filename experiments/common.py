@@ -54,11 +54,10 @@ def split_images(split: str) -> int:
 def budget(epochs: float, steps, images: int, batch_size: int) -> Tuple[int, str]:
     """(steps, how the budget reads in a report): `steps` when given, else `epochs` passes,
     rounded up to whole evaluation intervals as training runs them."""
+    asked = steps or steps_for(epochs, images, batch_size)
+    n = _chunk(asked) * math.ceil(asked / _chunk(asked))
     if steps:
-        n = _chunk(steps) * math.ceil(steps / _chunk(steps))
         return n, f"{n:,} steps ({n * batch_size / images:.2f} epochs)"
-    n = steps_for(epochs, images, batch_size)
-    n = _chunk(n) * math.ceil(n / _chunk(n))
     return n, f"{epochs:g} epochs ({n:,} steps)"
 
 
