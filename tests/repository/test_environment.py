@@ -103,12 +103,16 @@ def test_both_locks_lie_inside_the_packages_requirements(lock):
 
 
 def test_make_test_runs_both_stacks():
-    plan = subprocess.run(["make", "-n", "test"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    # The plan of a plain `make test`, even when this suite runs under `make test STACKS=pinned`
+    # (make hands its command-line variables down through MAKEFLAGS).
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL", "STACKS")}
+    plan = subprocess.run(["make", "-n", "test"], cwd=ROOT, capture_output=True, text=True, timeout=60,
+                          env=env)
     assert plan.returncode == 0, plan.stderr
     assert "tools/ensure_env.sh --current" in plan.stdout
     assert ".venv/bin/python -m pytest" in plan.stdout and ".venv-current/bin/python -m pytest" in plan.stdout
     refused = subprocess.run(["make", "-n", "test", "STACKS=newest"], cwd=ROOT, capture_output=True,
-                             text=True, timeout=60)
+                             text=True, timeout=60, env=env)
     assert refused.returncode != 0 and "STACKS takes pinned and/or current" in refused.stderr
 
 
