@@ -216,6 +216,11 @@ def provenance(runs: Sequence[dict]) -> str:
     return f"{count} under {' and '.join(precisions)} on {on}, {hours:.1f} h of training in all."
 
 
+def still_to_train(missing: Sequence[str]) -> str:
+    """The sentence a `--finished_only` report adds after its provenance ("" when none is missing)."""
+    return f" Of its runs, these are still to train: {', '.join(missing)}." if missing else ""
+
+
 def difference(a: Sequence[float], b: Sequence[float]) -> Tuple[float, Optional[bool]]:
     """Mean of `a` minus mean of `b` in points (accuracies are fractions), and whether the
     difference is clear: beyond twice its standard error over seeds (None with fewer than

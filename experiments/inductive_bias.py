@@ -32,6 +32,8 @@ flags.DEFINE_enum("precision", common.PRECISION, ["float32", "mixed_bfloat16"],
 flags.DEFINE_string("dataset", "fashion_mnist_local",
                     "TFDS name; the default reads the Debian package offline.")
 flags.DEFINE_string("output_dir", "reports/inductive_bias", "Where the table, plot and runs go.")
+flags.DEFINE_bool("finished_only", False, "Report the finished runs and train none, for a look at an "
+                  "experiment still under way; the report names the runs still to train.")
 flags.DEFINE_string("longer", None, "--output_dir of the same experiment trained for longer (a few of its "
                     "models, sizes and seeds suffice): the report compares the runs in both, to show "
                     "whether these budgets suffice.")
@@ -68,8 +70,12 @@ def model_macs(kind: str, num_classes: int = 10) -> int:
     return flops.forward_macs(cfg)
 
 
+def _run_dir(kind, size, seed):
+    return storage.join(FLAGS.output_dir, "runs", f"{kind}_{size}_seed{seed}")
+
+
 def _run(kind, size, steps, seed):
-    run_dir = storage.join(FLAGS.output_dir, "runs", f"{kind}_{size}_seed{seed}")
+    run_dir = _run_dir(kind, size, seed)
     split = "train" if size >= common.TRAIN_IMAGES else f"train[:{size}]"
     if kind == "resnet":
         return common.run_once(run_dir, steps, FLAGS.batch_size, seed, split, build_model=build_resnet,
@@ -87,8 +93,8 @@ def _plot(results, sizes, output_dir):
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(5, 3.5))
     for kind, by_size in results.items():
-        acc = [100 * np.mean(by_size[str(s)]["top1"]) for s in sizes]
-        ax.plot(sizes, acc, marker="o", label=kind)
+        ran = [s for s in sizes if str(s) in by_size]
+        ax.plot(ran, [100 * np.mean(by_size[str(s)]["top1"]) for s in ran], marker="o", label=kind)
     ax.set_xscale("log")
     ax.set_xlabel("training images")
     ax.set_ylabel("test top-1 (%)")
@@ -126,40 +132,50 @@ def main(argv):
     quiet_info_logs()
     seeds = [int(s) for s in FLAGS.seeds]
     total = len(FLAGS.models) * len(sizes) * len(seeds)
-    results, runs, done, start = {}, [], 0, time.time()
+    results, runs, missing, done, start = {}, [], [], 0, time.time()
     for kind in FLAGS.models:
-        results[kind] = {}
         for size in sizes:
-            entry = results[kind][str(size)] = {"seeds": seeds}
             for seed in seeds:
+                if FLAGS.finished_only and not common.finished(_run_dir(kind, size, seed)):
+                    missing.append(f"{kind} on {size:,} images seed {seed}")
+                    continue
                 m = _run(kind, size, budgets[size][0], seed)
                 runs.append(m)
+                entry = results.setdefault(kind, {}).setdefault(str(size), {"seeds": []})
+                entry["seeds"].append(seed)
                 common.record(entry, m)
                 done += 1
                 common.progress(done, total, f"{kind:6s} {size:6d} images, seed {seed}", m, start)
-    macs = {kind: model_macs(kind) for kind in FLAGS.models}
+    if not results:
+        raise app.UsageError(f"no finished runs in {FLAGS.output_dir} of these models, sizes and seeds")
+    kinds = list(results)  # the models with a run (a cell without one reads "-")
+    macs = {kind: model_macs(kind) for kind in kinds}
     header = ["model", "MMACs / image"] + [f"{s:,} images" for s in sizes]
+
+    def cells(kind, text):
+        return [text(results[kind][str(s)]) if str(s) in results[kind] else "-" for s in sizes]
+
     rows = [[kind, f"{macs[kind] / 1e6:.1f}"]
-            + [f"{common.mean_std(results[kind][str(s)]['top1'])} "
-               f"({common.mean_std(results[kind][str(s)]['fewshot'])})" for s in sizes]
-            for kind in FLAGS.models]
-    gains = [[kind] + [common.mean_std([common.late_gain(c) for c in results[kind][str(s)]["curves"]])
-                       for s in sizes] for kind in FLAGS.models]
+            + cells(kind, lambda c: f"{common.mean_std(c['top1'])} ({common.mean_std(c['fewshot'])})")
+            for kind in kinds]
+    gains = [[kind] + cells(kind, lambda c: common.mean_std([common.late_gain(k) for k in c["curves"]]))
+             for kind in kinds]
     table = (common.markdown_table(header, rows) + "\nTest top-1 gained over the last fifth of each run "
              "(as the learning rate decays to 0; `--longer` tells whether a budget suffices):\n\n"
              + common.markdown_table(["model"] + header[2:], gains))
     if FLAGS.longer:
         longer = common.read_results(FLAGS.longer)["results"]
         lines = common.budget_check(_by_label(results), _by_label(longer), FLAGS.batch_size,
-                                    {_label(kind, size): size for kind in FLAGS.models for size in sizes})
+                                    {_label(kind, size): size for kind in kinds for size in sizes})
         table += common.longer_section(lines, FLAGS.longer, FLAGS.output_dir)
     figures = [_plot(results, sizes, FLAGS.output_dir)]
     for size in sizes:
-        figures.append(common.curves_figure(
-            {kind: results[kind][str(size)]["curves"] for kind in FLAGS.models},
-            {kind: size for kind in FLAGS.models}, FLAGS.batch_size,
-            storage.join(FLAGS.output_dir, f"learning_curves_{size}.png"),
-            f"Test top-1 during training on {size:,} images"))
+        ran = [kind for kind in kinds if str(size) in results[kind]]
+        if ran:
+            figures.append(common.curves_figure(
+                {kind: results[kind][str(size)]["curves"] for kind in ran}, {kind: size for kind in ran},
+                FLAGS.batch_size, storage.join(FLAGS.output_dir, f"learning_curves_{size}.png"),
+                f"Test top-1 during training on {size:,} images"))
     command = (f"python -m experiments.inductive_bias --models={','.join(FLAGS.models)} "
                f"--train_sizes={','.join(map(str, sizes))} "
                + (f"--steps={FLAGS.steps}" if FLAGS.steps else f"--epochs={','.join(FLAGS.epochs)}")
@@ -171,7 +187,8 @@ def main(argv):
              + "; ".join(f"{s:,} images: {budgets[s][1]}" for s in sizes)
              + f". ResNet: BiT stages {list(RESNET['num_layers'])} at width factor {RESNET['width_factor']}. "
              f"ViT: 4 layers, width 64, 4x4 patches. Hybrid: one BiT stage, then the same ViT on the 7x7 "
-             f"feature map. Command: `{command}`; {common.provenance(runs)}\n\n{paper.INDUCTIVE_BIAS}")
+             f"feature map. Command: `{command}`; {common.provenance(runs)}{common.still_to_train(missing)}"
+             f"\n\n{paper.INDUCTIVE_BIAS}")
     path = common.write_report(FLAGS.output_dir, "Inductive bias at small data", intro, table,
                                paper.inductive_bias_findings(results, sizes),
                                {"results": results, "macs": macs}, figures)

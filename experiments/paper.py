@@ -55,13 +55,15 @@ def posemb_findings(results: dict) -> str:
 
 def inductive_bias_findings(results: dict, sizes) -> str:
     """Where the table agrees with the paper's Figures 3 and 4 and where not, for each
-    metric: ResNet and the hybrid against ViT, at the fewest and the most images."""
-    few, most = sizes[0], sizes[-1]
+    metric: ResNet and the hybrid against ViT, at the fewest and the most images both
+    were trained on (`results` may lack cells of an experiment still under way)."""
     lines = []
     for metric, name in METRICS:
         for kind in ("resnet", "hybrid"):
-            if kind not in results or "vit" not in results:
+            both = [s for s in sizes if str(s) in results.get(kind, {}) and str(s) in results.get("vit", {})]
+            if not both:
                 continue
+            few, most = both[0], both[-1]
             (d0, c0), (d1, c1) = (difference(results[kind][str(s)][metric], results["vit"][str(s)][metric])
                                   for s in (few, most))
             where = f"{says(d0, c0)} at {few:,} images"

@@ -146,9 +146,8 @@ def main(argv):
              f"{FLAGS.batch_size} per run, seeds {', '.join(map(str, seeds))}; mean ± std over seeds. "
              f"{common.FEWSHOT_SHOTS[0]}-shot linear: a ridge classifier on the frozen features of "
              f"{common.FEWSHOT_SHOTS[0]} training images per class, scored on 1,000 test images, the paper's "
-             f"other metric. Command: `{command}`; {common.provenance(runs)}"
-             + (f" Of its runs, these are still to train: {', '.join(missing)}." if missing else "")
-             + f"\n\n{paper.POSEMB}")
+             f"other metric. Command: `{command}`; {common.provenance(runs)}{common.still_to_train(missing)}"
+             f"\n\n{paper.POSEMB}")
     path = common.write_report(FLAGS.output_dir, "Position embedding ablation", intro, table,
                                paper.posemb_findings(results), results, figures)
     print(table)

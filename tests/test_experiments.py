@@ -83,8 +83,10 @@ def test_posemb_ablation_reports_mean_and_std_over_seeds_and_resumes(tmp_path, m
     # ... nor as if they had run for another budget.
     with pytest.raises(ValueError, match=r"sincos2d_seed0 was trained for 2 steps, not 4: pass the budget"):
         common.run_once(str(out / "runs" / "sincos2d_seed0"), 4, 16, 0, precision="float32")
-    # The report compares its runs with the same runs trained for longer (here, themselves).
-    _run("experiments.posemb_ablation", *args, f"--longer={out}")
+    # The report compares its runs with the same runs trained for longer (here, themselves);
+    # of an experiment under way, --finished_only reports what has finished and trains nothing.
+    _run("experiments.posemb_ablation", *args, f"--longer={out}", "--kinds=sincos2d,none", "--seeds=0,1,2",
+         "--finished_only")
     readme = (out / "README.md").read_text()
     assert "The same runs trained for longer ([report](./README.md))" in readme
     assert f"--output_dir={out} --longer={out}`" in readme
@@ -93,9 +95,6 @@ def test_posemb_ablation_reports_mean_and_std_over_seeds_and_resumes(tmp_path, m
             in readme)
     assert "![similarity_sincos2d](similarity_sincos2d.png)" in readme
     assert (out / "similarity_sincos2d.png").stat().st_size > 1000
-    # Of an experiment under way, --finished_only reports what has finished and trains nothing.
-    _run("experiments.posemb_ablation", *args, "--kinds=sincos2d,none", "--seeds=0,1,2", "--finished_only")
-    readme = (out / "README.md").read_text()
     assert "these are still to train: sincos2d seed 2, none seed 0, none seed 1, none seed 2." in readme
     assert _table_rows(readme)["sincos2d"][3] == ", ".join(
         f"{seed}: {100 * v:.2f}" for seed, v in enumerate(results["sincos2d"]["top1"]))
@@ -123,10 +122,15 @@ def test_inductive_bias_compares_models_by_data_size(tmp_path):
     for figure in ("accuracy_by_size.png", "learning_curves_200.png"):
         assert (out / figure).stat().st_size > 1000
     # Against the same runs trained for longer (here, themselves, read back): one line a run.
-    _run("experiments.inductive_bias", *args, f"--longer={out}")
+    # With --finished_only, a size nobody has trained on yet reads "-" and is named as still to train.
+    _run("experiments.inductive_bias", *args, f"--longer={out}", "--train_sizes=200,400", "--finished_only")
     readme = (out / "README.md").read_text()
     assert "- resnet, 200 images, seed 0, after 0.2 epochs instead of 0.2: test top-1 " in readme
     assert "- hybrid, 200 images, seed 0, after 0.2 epochs instead of 0.2: test top-1 " in readme
+    rows = _table_rows(readme.split("Test top-1 gained")[0])
+    assert rows["model"][1:] == ["200 images", "400 images"] and rows["hybrid"][2] == "-"
+    assert "these are still to train: resnet on 400 images seed 0, hybrid on 400 images seed 0." in readme
+    assert not (out / "learning_curves_400.png").exists() and not (out / "runs/resnet_400_seed0").exists()
     # A --longer without a report is refused before anything trains.
     env = {**os.environ, "PYTHONPATH": ROOT, "TF_CPP_MIN_LOG_LEVEL": "2"}
     result = subprocess.run([sys.executable, "-m", "experiments.inductive_bias", *args,
@@ -224,3 +228,9 @@ def test_the_inductive_bias_findings_follow_the_gap_as_data_grows():
     assert "Not clearly ahead at 1,000 images, unlike the paper; ViT not ahead at 60,000" in text
     assert "the gap widens by 4.00 points" in text
     assert "still apart at 60,000, unlike the paper" in text
+    # Of an experiment under way, each model is compared with ViT where both have run.
+    del results["vit"]["60000"]
+    text = paper.inductive_bias_findings(results, [1000, 5000, 60000])
+    assert "- test top-1, ResNet − ViT: +0.00 points (within the seeds' noise) at 1,000 images. " in text
+    assert "60,000" not in text
+    assert paper.inductive_bias_findings({"resnet": results["resnet"]}, [1000, 60000]).strip() == ""

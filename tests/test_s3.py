@@ -102,7 +102,7 @@ def test_training_in_a_bucket_killed_and_resumed(s3, fake_fmnist):
     client.create_bucket(Bucket="runs")
     out = "s3://runs/vit"
     extra = [f"--data_dir={fake_fmnist}"]
-    proc = subprocess.Popen(train_command(out, 60, extra), env=env, cwd=ROOT, stdout=subprocess.PIPE,
+    proc = subprocess.Popen(train_command(out, 20, extra), env=env, cwd=ROOT, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
     deadline = time.time() + 300
     saved = 0
@@ -119,14 +119,14 @@ def test_training_in_a_bucket_killed_and_resumed(s3, fake_fmnist):
     assert "vit/metrics.json" not in _keys(client, "runs")
     meta = client.get_object(Bucket="runs", Key="vit/backup/training_metadata.json")["Body"].read()
     saved = json.loads(meta)
-    rerun = subprocess.run(train_command(out, 60, extra), env=env, cwd=ROOT, capture_output=True, text=True,
+    rerun = subprocess.run(train_command(out, 20, extra), env=env, cwd=ROOT, capture_output=True, text=True,
                            timeout=600)
     assert rerun.returncode == 0, rerun.stderr[-3000:]
-    assert f"Resuming from {out}/backup: chunk {saved['epoch']} of 30" in rerun.stdout
+    assert f"Resuming from {out}/backup: chunk {saved['epoch']} of 10" in rerun.stdout
     keys = _keys(client, "runs", "vit/")
     for key in ("vit/model.keras", "vit/metrics.json", "vit/history.csv"):
         assert key in keys, keys
-    assert json.loads(client.get_object(Bucket="runs", Key="vit/metrics.json")["Body"].read())["steps"] == 60
+    assert json.loads(client.get_object(Bucket="runs", Key="vit/metrics.json")["Body"].read())["steps"] == 20
 
 
 @pytest.mark.parametrize("case", ["missing bucket", "no credentials", "unreachable endpoint"])
