@@ -19,7 +19,7 @@ from absl import app, flags
 from experiments import common, paper
 from keras_vit import storage
 
-# Kinds whose trained embedding's similarity is plotted (of the first seed's run).
+# Kinds whose trained embedding's similarity is plotted (of the first finished seed's run).
 SIMILARITY_KINDS = ("learned", "sincos2d")
 
 FLAGS = flags.FLAGS
@@ -108,7 +108,7 @@ def main(argv):
                                 model_overrides={"position_embedding": kind}, dataset=FLAGS.dataset,
                                 precision=FLAGS.precision)
             runs.append(m)
-            if kind in SIMILARITY_KINDS and seed == seeds[0]:
+            if kind in SIMILARITY_KINDS and f"similarity_{kind}.png" not in similarities:
                 similarity = _similarity_figure(run_dir, FLAGS.output_dir, kind, seed)
                 if similarity:
                     similarities.append(similarity)
