@@ -396,6 +396,11 @@ def test_a_killed_run_resumes_from_its_last_checkpoint(fake_fmnist, tmp_path):
     assert not (out / "metrics.json").exists()
     saved_chunk = json.loads(meta.read_text())["epoch"]
     assert 2 <= saved_chunk < 30
+    # The run's time is the killed process's and the resumed one's: a day before the restart
+    # makes it over a day.
+    clock = out / "backup" / "train_seconds.json"
+    assert json.loads(clock.read_text())["seconds"] > 0
+    clock.write_text(json.dumps({"chunk": saved_chunk, "seconds": 86400.0}))
     rerun = subprocess.run(train_command(out, 60, extra), env=env, capture_output=True, text=True,
                            timeout=600)
     assert rerun.returncode == 0, rerun.stderr[-3000:]
@@ -406,6 +411,7 @@ def test_a_killed_run_resumes_from_its_last_checkpoint(fake_fmnist, tmp_path):
     assert re.search(rf"Training ViT-Ti/16 \([\d,]+ params{re.escape(changed)}, float32\)", rerun.stdout)
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["steps"] == 60 and metrics["machine"] == hardware.machine()
+    assert 86400 < metrics["train_seconds"] < 86400 + 600
     history = (out / "history.csv").read_text().splitlines()
     epochs = [int(line.split(",")[0]) for line in history[1:] if line and line[0].isdigit()]
     assert epochs[-1] == 29 and saved_chunk in epochs
@@ -600,3 +606,15 @@ def test_a_run_logs_fewshot_scores_and_refuses_shots_its_data_cannot_give(fake_f
     assert not (tmp_path / "run2" / "model.keras").exists()
     with pytest.raises(ConfigError, match="fewshot_every must be >= 0"):
         dataclasses.replace(cfg, fewshot_every=-1).validate()
+
+
+def test_a_run_started_afresh_starts_its_clock_at_zero(tmp_path):
+    from keras_vit.training.clock import TrainingClock
+
+    (tmp_path / "train_seconds.json").write_text(json.dumps({"chunk": 3, "seconds": 500.0}))
+    fresh, resumed = TrainingClock(str(tmp_path), resumed=False), TrainingClock(str(tmp_path), resumed=True)
+    assert fresh.seconds == 0 and resumed.seconds == 500
+    fresh.on_train_begin()
+    fresh.on_epoch_end(0)
+    saved = json.loads((tmp_path / "train_seconds.json").read_text())
+    assert saved["chunk"] == 1 and 0 <= saved["seconds"] < 60

@@ -11,7 +11,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import time
 import warnings
 from typing import List, Optional, Tuple
 
@@ -21,6 +20,7 @@ from keras_vit import configs, data, flops, hardware, pretrained, storage
 from keras_vit.evaluation import FewShotPlan
 from keras_vit import precision
 from keras_vit.training import distribute, recipes
+from keras_vit.training.clock import TrainingClock
 from keras_vit.training.csv_history import CSVHistory
 from keras_vit.training.fewshot import FewShotCallback
 
@@ -290,9 +290,11 @@ def train(cfg: TrainConfig, source=None, build_model=None) -> dict:
                                 cache=cfg.cache, deterministic=cfg.deterministic)
     fewshot = (FewShotCallback(fewshot_plan, every=cfg.fewshot_every, batch_size=max(micro_batch, 64))
                if fewshot_plan else None)
+    clock = TrainingClock(paths["backup"], resumed=resume is not None)
     callbacks = [
         *([fewshot] if fewshot else []),  # first, so that the loggers below record its scores
         keras.callbacks.BackupAndRestore(paths["backup"], save_freq="epoch", delete_checkpoint=False),
+        clock,  # after the checkpoint it times
         keras.callbacks.TensorBoard(paths["logs"], update_freq=max(chunk // 10, 1)),
         CSVHistory(paths["history"]),
         keras.callbacks.TerminateOnNaN(),
@@ -303,7 +305,6 @@ def train(cfg: TrainConfig, source=None, build_model=None) -> dict:
           f"{cfg.train_split}: {total_updates} steps of batch {recipe.batch_size}"
           + (f" ({accum} x {micro_batch})" if accum > 1 else "")
           + f", {num_chunks} chunks of {chunk}, {strategy.num_replicas_in_sync} replica(s)", flush=True)
-    start = time.time()
     # Validate every `eval_every` chunks and always after the last one.
     every = range(cfg.eval_every, num_chunks + 1, cfg.eval_every) if cfg.eval_every > 0 else ()
     validation_freq = sorted({*every, num_chunks})
@@ -316,7 +317,7 @@ def train(cfg: TrainConfig, source=None, build_model=None) -> dict:
         history = model.fit(train_ds, epochs=num_chunks, steps_per_epoch=chunk, validation_data=eval_ds,
                             validation_freq=validation_freq, callbacks=callbacks, verbose=cfg.verbose,
                             shuffle=False)
-    seconds = time.time() - start
+    seconds = clock.seconds
     logs = history.history
     # Keras ends fit with no error when TerminateOnNaN fires or the data runs out (then
     # a chunk logs no training loss); neither model is worth evaluating or saving.
