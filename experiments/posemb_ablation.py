@@ -97,7 +97,7 @@ def main(argv):
         raise app.UsageError(str(e))
     steps, budget = common.budget(FLAGS.epochs, FLAGS.steps, images, FLAGS.batch_size)
     total = len(FLAGS.kinds) * len(seeds)
-    results, runs, similarities, missing, done, start = {}, [], [], [], 0, time.time()
+    results, runs, similarities, missing, done, start = {}, [], {}, [], 0, time.time()
     for kind in FLAGS.kinds:
         for seed in seeds:
             run_dir = storage.join(FLAGS.output_dir, "runs", f"{kind}_seed{seed}")
@@ -108,10 +108,10 @@ def main(argv):
                                 model_overrides={"position_embedding": kind}, dataset=FLAGS.dataset,
                                 precision=FLAGS.precision)
             runs.append(m)
-            if kind in SIMILARITY_KINDS and f"similarity_{kind}.png" not in similarities:
+            if kind in SIMILARITY_KINDS and kind not in similarities:
                 similarity = _similarity_figure(run_dir, FLAGS.output_dir, kind, seed)
                 if similarity:
-                    similarities.append(similarity)
+                    similarities[kind] = similarity
             r = results.setdefault(kind, {"seeds": []})
             r["seeds"].append(seed)
             common.record(r, m)
@@ -135,7 +135,7 @@ def main(argv):
                                     {k: images for k in results}, FLAGS.batch_size,
                                     storage.join(FLAGS.output_dir, "learning_curves.png"),
                                     "Test top-1 during training (mean over seeds)")]
-    figures += similarities
+    figures += similarities.values()
     command = (f"python -m experiments.posemb_ablation --kinds={','.join(FLAGS.kinds)} "
                + (f"--steps={FLAGS.steps}" if FLAGS.steps else f"--epochs={FLAGS.epochs:g}")
                + f" --batch_size={FLAGS.batch_size} --seeds={','.join(map(str, seeds))} "
