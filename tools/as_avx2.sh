@@ -15,8 +15,7 @@ if ! command -v qemu-x86_64 > /dev/null; then
   echo "$0: qemu-x86_64 not found; apt-get install qemu-user" >&2; exit 2
 fi
 python=$(command -v "$1"); shift
-prefix=$("$python" -c 'import sys; print(sys.prefix)')
-real=$("$python" -c 'import os, sys; print(os.path.realpath(sys.executable))')
+{ read -r prefix; read -r real; } < <("$python" -c 'import os, sys; print(sys.prefix); print(os.path.realpath(sys.executable))')
 shim=$(mktemp -d)
 trap 'rm -rf "$shim"' EXIT
 sed -E 's/ (avx512[a-z0-9_]*|amx_[a-z0-9_]+)//g' /proc/cpuinfo > "$shim/cpuinfo"
