@@ -8,6 +8,7 @@
 # subprocess started as `sys.executable ...` is emulated too; any other program (a console
 # script such as saved_model_cli) runs natively. E.g.
 #   tools/as_avx2.sh .venv/bin/python -m pytest -n 0 -p no:cacheprovider tests/test_layers.py -rs
+# An emulated export test can outlast setup.cfg's per-test timeout: pass --timeout=3600.
 # Needs root (a private mount namespace) and Debian's qemu-user.
 set -euo pipefail
 if [ $# -eq 0 ]; then echo "usage: $0 PYTHON [ARGS...]" >&2; exit 2; fi
