@@ -26,9 +26,10 @@ def _fresh_keras_state():
 
 
 # The files that take longest, longest first: with the workers of setup.cfg's
-# `--dist loadfile`, the pipeline's runs start at once instead of last.
-SLOW_FIRST = ("test_pipeline.py", "test_training.py", "test_experiments.py", "test_export.py",
-              "test_visualize.py")
+# `--dist loadfile`, each file runs whole on one worker, so a long file that starts last
+# (test_s3.py's bucket pipelines, ~10 minutes on 2 cores) leaves the other workers idle.
+SLOW_FIRST = ("test_pipeline.py", "test_s3.py", "test_training.py", "test_experiments.py",
+              "test_export.py", "test_docs.py", "test_visualize.py")
 
 
 # The model package's tests: they need none of the pipeline extra (TFX, Beam), so they run
