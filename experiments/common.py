@@ -102,11 +102,12 @@ def run_once(run_dir: str, steps: int, batch_size: int, seed: int, train_split: 
 
     metrics_path = storage.join(run_dir, "metrics.json")
     if not finished(run_dir):
+        # verbose=2: a line per chunk with its test top-1, since one run can take half an hour.
         cfg = TrainConfig(model=MODEL, model_overrides=dict(model_overrides or {}),
                           dataset=dataset, train_split=train_split, image_size=IMAGE_SIZE, steps=steps,
                           batch_size=batch_size, seed=seed, output_dir=run_dir,
                           checkpoint_every=_chunk(steps), eval_every=1, fewshot_every=EVALS,
-                          fewshot_shots=FEWSHOT_SHOTS, cache=True, verbose=0, precision=precision,
+                          fewshot_shots=FEWSHOT_SHOTS, cache=True, verbose=2, precision=precision,
                           **RECIPE)
         train(cfg, build_model=build_model)  # writes metrics_path last, once finished
     metrics = json.loads(storage.read_text(metrics_path))
