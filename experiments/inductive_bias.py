@@ -23,7 +23,7 @@ flags.DEFINE_list("models", ["resnet", "vit", "hybrid"], "Which of resnet, vit, 
 flags.DEFINE_list("train_sizes", ["1000", "5000", "60000"],
                   "Training images: the first N of the train split.")
 flags.DEFINE_list("seeds", ["0", "1", "2"], "Seeds; every model and size runs with each.")
-flags.DEFINE_list("epochs", ["200", "60", "20"],
+flags.DEFINE_list("epochs", ["200", "120", "20"],
                   "Passes over the training images, one per --train_sizes entry.")
 flags.DEFINE_integer("steps", None, "Optimizer steps per run, the same for every size (overrides --epochs).")
 flags.DEFINE_integer("batch_size", 128, "Batch size.")
