@@ -182,25 +182,38 @@ def _upload_image_folder(client, tmp_path, bucket, prefix, **sizes):
 
 
 @pytest.mark.slow
-def test_the_pipeline_reads_trains_and_pushes_in_buckets(s3, tmp_path):
+def test_the_pipeline_reads_trains_and_pushes_in_buckets_with_its_beam_work_in_a_worker_pool(
+        s3, beam_services, tmp_path):
+    """As on a cluster: a job service and an EXTERNAL worker pool, each its own process,
+    whose workers have the AWS variables and nothing else S3-specific; ImageExampleGen,
+    StatisticsGen, Dedup and the Evaluator (which loads the trained model from the bucket)
+    run in the pool's workers. A second run finds the model already served; the served
+    model loads from the bucket in a process that never imports keras_vit."""
     from keras_vit import fashion_mnist
 
     env, client = s3
     images = _upload_image_folder(client, tmp_path, "data", "images", num_train=200, num_eval=30, num_test=60)
     for bucket in ("pipeline", "serving"):
         client.create_bucket(Bucket=bucket)
+    workers = {k: v for k, v in env.items() if not k.startswith("S3_")}
+    venv_path = os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"]
     flags = ["-m", "pipeline.run", "--image_dir=s3://data/images", "--pipeline_root=s3://pipeline/root",
              "--serving_dir=s3://serving/models", f"--metadata_path={tmp_path / 'metadata.sqlite'}",
              "--model_name=fmnist", "--train_steps=10", "--batch_size=32", "--warmup_steps=2",
-             "--accuracy_threshold=0"]
+             "--accuracy_threshold=0", *beam_services(venv_path, workers)]
     runs = [_run(env, *flags, timeout=900) for _ in range(2)]
     for proc in runs:
-        assert proc.returncode == 0, proc.stderr[-4000:]
+        assert proc.returncode == 0, proc.stderr[-6000:]
         assert "is not found" not in proc.stderr  # TFX's warnings of empty scratch directories
     first, second = (json.loads(proc.stdout.strip().splitlines()[-1]) for proc in runs)
     assert first["pushed"] and first["serving_model_path"] == "s3://serving/models/fmnist/1", first
     assert set(first["executions"].values()) == {"COMPLETE"} and first["dedup"]["test"] > 0
     assert not second["pushed"] and second["reason"] == "this model is already served as version 1"
+    jobs = (tmp_path / "jobs.log").read_text()
+    # The worker check, ImageExampleGen, StatisticsGen, Dedup and the Evaluator.
+    assert jobs.count("with state DONE") >= 5, jobs[-3000:]
+    assert "Starting worker with command ['" + os.path.join(ROOT, "tests", "beam_boot.py") in \
+        (tmp_path / "pool.log").read_text()
     keys = _keys(client, "serving")
     assert "models/fmnist/1/saved_model.pb" in keys and "models/models.config" in keys
     assert not [k for k in keys if "staging" in k], keys
@@ -218,33 +231,6 @@ def test_the_pipeline_reads_trains_and_pushes_in_buckets(s3, tmp_path):
     served = json.loads(fresh.stdout)
     folder_names = [n.replace("/", "-") for n in fashion_mnist.CLASS_NAMES]
     assert abs(served["sum"] - 1) < 1e-4 and served["class"] in folder_names
-
-
-@pytest.mark.slow
-def test_the_beam_components_run_in_a_worker_pool_reading_and_writing_buckets(s3, beam_services, tmp_path):
-    """As on a cluster: a job service and an EXTERNAL worker pool, each its own process,
-    whose workers have the AWS variables and nothing else S3-specific; ImageExampleGen,
-    StatisticsGen, Dedup and the Evaluator (which loads the trained model from the bucket)
-    run in the pool's workers."""
-    env, client = s3
-    _upload_image_folder(client, tmp_path, "shared", "images", num_train=120, num_eval=30, num_test=40)
-    workers = {k: v for k, v in env.items() if not k.startswith("S3_")}
-    venv_path = os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"]
-    proc = _run(env, "-m", "pipeline.run", "--image_dir=s3://shared/images",
-                "--pipeline_root=s3://shared/root", "--serving_dir=s3://shared/serving",
-                f"--metadata_path={tmp_path / 'metadata.sqlite'}", "--train_steps=5", "--batch_size=32",
-                "--warmup_steps=1", "--accuracy_threshold=0",
-                *beam_services(venv_path, workers), timeout=900)
-    assert proc.returncode == 0, proc.stderr[-6000:]
-    summary = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert summary["pushed"] and set(summary["executions"].values()) == {"COMPLETE"}, summary
-    jobs = (tmp_path / "jobs.log").read_text()
-    # The worker check, ImageExampleGen, StatisticsGen, Dedup and the Evaluator.
-    assert jobs.count("with state DONE") >= 5, jobs[-3000:]
-    assert "Starting worker with command ['" + os.path.join(ROOT, "tests", "beam_boot.py") in \
-        (tmp_path / "pool.log").read_text()
-    assert summary["serving_model_path"] == "s3://shared/serving/vit/1"
-    assert "serving/vit/1/saved_model.pb" in _keys(client, "shared", "serving/")
 
 
 @pytest.mark.slow
