@@ -171,20 +171,21 @@ def test_saved_model_cli_run_on_a_png(exported, tmp_path):
 
 FRESH_PROCESS = textwrap.dedent("""
     import os, sys, numpy as np, tensorflow as tf
-    path, images_dir, out = sys.argv[1:4]
-    names = sorted(n for n in os.listdir(images_dir) if n.endswith(".img"))
-    images = [open(os.path.join(images_dir, n), "rb").read() for n in names]
-    loaded = tf.saved_model.load(path)
-    sig = loaded.signatures
-    examples = [tf.train.Example(features=tf.train.Features(feature={"image": tf.train.Feature(
-        bytes_list=tf.train.BytesList(value=[b]))})).SerializeToString() for b in images]
-    a = sig["serving_default"](image_bytes=tf.constant(images))
-    b = sig["serving_examples"](examples=tf.constant(examples))
-    c = sig["predict_images"](images=tf.constant(np.load(os.path.join(images_dir, "pre.npy"))))
-    assert not any(m == "keras_vit" or m.startswith("keras_vit.") for m in sys.modules), "imported keras_vit"
+    # Arguments: the SavedModel, then pairs of an images folder and the .npz to write.
+    path, pairs = sys.argv[1], sys.argv[2:]
+    sig = tf.saved_model.load(path).signatures
     as_array = lambda t: t.numpy().astype("S") if t.dtype == tf.string else t.numpy()
-    np.savez(out, **{f"{k}_{n}": as_array(v) for k, r in (("bytes", a), ("examples", b), ("pre", c))
-                     for n, v in r.items()})
+    for images_dir, out in zip(pairs[::2], pairs[1::2]):
+        names = sorted(n for n in os.listdir(images_dir) if n.endswith(".img"))
+        images = [open(os.path.join(images_dir, n), "rb").read() for n in names]
+        examples = [tf.train.Example(features=tf.train.Features(feature={"image": tf.train.Feature(
+            bytes_list=tf.train.BytesList(value=[b]))})).SerializeToString() for b in images]
+        a = sig["serving_default"](image_bytes=tf.constant(images))
+        b = sig["serving_examples"](examples=tf.constant(examples))
+        c = sig["predict_images"](images=tf.constant(np.load(os.path.join(images_dir, "pre.npy"))))
+        np.savez(out, **{f"{k}_{n}": as_array(v) for k, r in (("bytes", a), ("examples", b), ("pre", c))
+                         for n, v in r.items()})
+    assert not any(m == "keras_vit" or m.startswith("keras_vit.") for m in sys.modules), "imported keras_vit"
 """)
 
 
@@ -215,11 +216,10 @@ def test_fresh_process_without_keras_vit_gives_the_models_probabilities(exported
                                        -np.sort(-expected, axis=-1)[:, :5], atol=1e-5)
 
 
-@pytest.mark.parametrize("onednn", ["1", "0"])
-def test_bf16_export_in_a_fresh_process_takes_either_projection_form(exported, tmp_path, onednn):
+def test_bf16_export_in_a_fresh_process_takes_either_projection_form(exported, tmp_path):
     """A mixed_bfloat16 export holds both forms of the encoder's projections (1x1
     convolutions from CONV_MIN_ROWS rows, matmuls below): batches on each side of
-    the threshold give the Keras model's probabilities, with oneDNN's rewrites on or off."""
+    the threshold give the Keras model's probabilities, with oneDNN's rewrites on and off."""
     from keras_vit.layers.fast_paths import CONV_MIN_ROWS
     from keras_vit.precision import with_policy
 
@@ -242,17 +242,18 @@ def test_bf16_export_in_a_fresh_process_takes_either_projection_form(exported, t
         bf16_bounds.assert_as_accurate(expected[name], portable, exact[name], f"{name}: predict")
     script = tmp_path / "serve.py"
     script.write_text(FRESH_PROCESS)
-    env = {**{k: v for k, v in os.environ.items() if k != "PYTHONPATH"}, "TF_ENABLE_ONEDNN_OPTS": onednn}
-    for name in expected:
-        out_file = tmp_path / f"{name}.npz"
-        run = subprocess.run([sys.executable, str(script), path, str(tmp_path / name), str(out_file)],
+    for onednn in ("1", "0"):
+        env = {**{k: v for k, v in os.environ.items() if k != "PYTHONPATH"}, "TF_ENABLE_ONEDNN_OPTS": onednn}
+        pairs = [str(p) for name in expected for p in (tmp_path / name, tmp_path / f"{name}_{onednn}.npz")]
+        run = subprocess.run([sys.executable, str(script), path, *pairs],
                              env=env, cwd=str(tmp_path), capture_output=True, text=True)
         assert run.returncode == 0, run.stderr[-3000:]
-        with np.load(out_file) as out:
-            for kind in ("bytes", "examples", "pre"):
-                # TF's own kernels (oneDNN off) round to bf16 in other places.
-                bf16_bounds.assert_as_accurate(out[f"{kind}_probabilities"], expected[name], exact[name],
-                                               f"{name}: served {kind}")
+        for name in expected:
+            with np.load(tmp_path / f"{name}_{onednn}.npz") as out:
+                for kind in ("bytes", "examples", "pre"):
+                    # TF's own kernels (oneDNN off) round to bf16 in other places.
+                    bf16_bounds.assert_as_accurate(out[f"{kind}_probabilities"], expected[name], exact[name],
+                                                   f"{name}, oneDNN {onednn}: served {kind}")
 
 
 def test_in_graph_preprocessing_matches_the_input_pipeline():
