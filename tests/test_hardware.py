@@ -2,6 +2,7 @@
 
 import os
 import re
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -77,3 +78,46 @@ def test_onednn_follows_tensorflows_switch_and_auto_precision_follows_it():
     assert f32 == "True" and bf16 == str("avx512f" in hardware.cpu_flags())
     fast = hardware.has_fast_bf16_cpu(onednn_bf16=bf16 == "True")
     assert precision.startswith("precision: mixed_bfloat16" if fast else "precision: float32")
+
+
+CPUID_PROBE = r"""
+#include <cpuid.h>
+#include <stdio.h>
+int main(void) {
+  unsigned a, b, c, d, bf16 = 0;
+  __cpuid_count(7, 0, a, b, c, d);
+  unsigned avx2 = (b >> 5) & 1, avx512f = (b >> 16) & 1, amx_bf16 = (d >> 22) & 1;
+  if (a >= 1) { unsigned a1, b1, c1, d1; __cpuid_count(7, 1, a1, b1, c1, d1); bf16 = (a1 >> 5) & 1; }
+  printf("avx2=%u avx512f=%u avx512_bf16=%u amx_bf16=%u\n", avx2, avx512f, bf16, amx_bf16);
+  return 0;
+}
+"""
+
+
+@pytest.mark.skipif(not (shutil.which("gcc") and "cpuid_fault" in hardware.cpu_flags() and os.geteuid() == 0),
+                    reason="tools/as_avx2.sh needs gcc, root and a kernel with CPUID faulting (cpuid_fault)")
+def test_as_avx2_shows_any_cores_as_avx2_only_cores(tmp_path):
+    """tools/as_avx2.sh, how the suite runs as AVX2-only cores run it: CPUID, which TF,
+    oneDNN and XLA read, and /proc/cpuinfo, which keras_vit.hardware reads, say AVX2 and
+    nothing newer, in every program the command starts; a crash still reaches
+    the program's own SIGSEGV handler."""
+    tool = os.path.join(ROOT, "tools", "as_avx2.sh")
+    (tmp_path / "probe.c").write_text(CPUID_PROBE)
+    subprocess.run(["gcc", "-o", str(tmp_path / "probe"), str(tmp_path / "probe.c")], check=True)
+    probe = subprocess.run([tool, str(tmp_path / "probe")], capture_output=True, text=True, check=True)
+    assert probe.stdout.strip() == "avx2=1 avx512f=0 avx512_bf16=0 amx_bf16=0"
+
+    # TF turns its oneDNN on by default only for cores with AVX512_VNNI, AVX512_BF16,
+    # AVX_VNNI or AMX, by CPUID: off here, as on AVX2-only cores.
+    code = 'from keras_vit import hardware; print(hardware.describe(), hardware.onednn_runs("float32"))'
+    env = {k: v for k, v in os.environ.items() if k != "TF_ENABLE_ONEDNN_OPTS"}
+    env.update(PYTHONPATH=ROOT, CUDA_VISIBLE_DEVICES="")
+    run = subprocess.run([tool, sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.split() == ["AVX2", "False"]
+
+    segfault = "import ctypes; ctypes.string_at(0)"
+    crash = subprocess.run([tool, sys.executable, "-X", "faulthandler", "-c", segfault], capture_output=True,
+                           text=True, timeout=60)
+    assert crash.returncode == 128 + 11 and "Fatal Python error: Segmentation fault" in crash.stderr

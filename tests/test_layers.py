@@ -661,8 +661,8 @@ def test_as_accurate_refuses_bfloat16_accumulation_and_allows_one_more_rounding(
 
 
 def _gelu64(h, approximate):
-    # libm's scalar tanh and erf, not numpy's SIMD kernels: under qemu's AVX2 emulation
-    # numpy's float64 tanh returns garbage, and the reference must hold on every core.
+    # libm's scalar tanh and erf, not numpy's SIMD kernels: the reference must hold on
+    # every core, and under qemu's emulation of AVX2 cores numpy's float64 tanh was wrong.
     from math import erf, tanh
 
     if approximate:

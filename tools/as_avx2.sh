@@ -1,35 +1,31 @@
 #!/usr/bin/env bash
-# Runs a python command as AVX2-only cores (AMD EPYC-Rome: no AVX-512, no bf16
-# instructions) run it, on any x86 machine: the process runs under qemu-user, whose CPUID
-# is EPYC-Rome's, so TF and oneDNN pick their AVX2 kernels, and /proc/cpuinfo is shown
-# without the avx512 and amx flags, so that keras_vit.hardware sees such cores too.
-# The instructions are emulated (tens of times slower). qemu-user does not follow exec, so
-# the interpreter is started through a shim whose path becomes sys.executable: a Python
-# subprocess started as `sys.executable ...` is emulated too; any other program (a console
-# script such as saved_model_cli) runs natively. E.g.
-#   tools/as_avx2.sh .venv/bin/python -m pytest -n 0 -p no:cacheprovider tests/test_layers.py -rs
-# An emulated export test can outlast setup.cfg's per-test timeout: pass --timeout=3600.
-# Needs root (a private mount namespace) and Debian's qemu-user.
+# Runs a command as AVX2-only cores (AMD EPYC-Rome: no AVX-512, no bf16 or AMX
+# instructions) run it, natively, on any x86 machine whose kernel offers CPUID faulting
+# (the cpuid_fault flag):
+# - tools/avx2_cpuid.c, preloaded into every process the command starts, answers each
+#   CPUID instruction as Rome would, so TensorFlow, oneDNN and XLA's LLVM pick the
+#   kernels and code they pick on such cores, as on a cloud VM with Rome's CPU model;
+# - glibc, which reads CPUID before the preload runs, is told the same by GLIBC_TUNABLES;
+# - /proc/cpuinfo is shown without the flags Rome lacks, so that keras_vit.hardware and
+#   `--precision=auto` see such cores too.
+# The instructions the cores have but do not announce stay unused, as they do under a VM.
+# E.g.
+#   tools/as_avx2.sh make test
+# Needs root (a private mount namespace) and gcc.
 set -euo pipefail
-if [ $# -eq 0 ]; then echo "usage: $0 PYTHON [ARGS...]" >&2; exit 2; fi
-if ! command -v qemu-x86_64 > /dev/null; then
-  echo "$0: qemu-x86_64 not found; apt-get install qemu-user" >&2; exit 2
+if [ $# -eq 0 ]; then echo "usage: $0 COMMAND [ARGS...]" >&2; exit 2; fi
+# Inside a command this script runs, the cores already look like AVX2-only ones.
+if [ -n "${KERAS_VIT_AS_AVX2:-}" ]; then exec "$@"; fi
+if ! grep -qw cpuid_fault /proc/cpuinfo; then
+  echo "$0: this kernel offers no CPUID faulting (no cpuid_fault in /proc/cpuinfo)" >&2; exit 2
 fi
-python=$(command -v "$1"); shift
-{ read -r prefix; read -r real; } < <("$python" -c 'import os, sys; print(sys.prefix); print(os.path.realpath(sys.executable))')
-shim=$(mktemp -d)
-trap 'rm -rf "$shim"' EXIT
-sed -E 's/ (avx512[a-z0-9_]*|amx_[a-z0-9_]+)//g' /proc/cpuinfo > "$shim/cpuinfo"
-# The shim is a venv of its own over the same packages: Python finds pyvenv.cfg beside
-# the path qemu gives it as argv[0].
-mkdir "$shim/bin"
-ln -s "$prefix/lib" "$shim/lib"
-if [ -f "$prefix/pyvenv.cfg" ]; then cp "$prefix/pyvenv.cfg" "$shim/"; else
-  echo "home = $(dirname "$real")" > "$shim/pyvenv.cfg"; fi
-cat > "$shim/bin/python" <<SHIM
-#!/usr/bin/env bash
-exec qemu-x86_64 -cpu EPYC-Rome -0 "\$0" "$real" "\$@" 2> >(grep -v "^qemu-x86_64: warning: TCG" >&2)
-SHIM
-chmod +x "$shim/bin/python"
-unshare --mount --propagation private bash -c 'mount --bind "$0/cpuinfo" /proc/cpuinfo && exec "$0/bin/python" "$@"' \
-  "$shim" "$@"
+here=$(cd "$(dirname "$0")" && pwd)
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+gcc -O2 -Wall -shared -fPIC -o "$work/avx2_cpuid.so" "$here/avx2_cpuid.c" -ldl
+sed -E 's/ (avx512[a-z0-9_]*|amx_[a-z0-9_]+|avx_vnni|gfni|vaes|vpclmulqdq)\b//g' /proc/cpuinfo > "$work/cpuinfo"
+export LD_PRELOAD="$work/avx2_cpuid.so${LD_PRELOAD:+:$LD_PRELOAD}"
+export KERAS_VIT_AS_AVX2=1
+export GLIBC_TUNABLES=glibc.cpu.hwcaps=-AVX512F,-AVX512VL,-AVX512BW,-AVX512DQ,-AVX512CD
+unshare --mount --propagation private bash -c 'mount --bind "$0" /proc/cpuinfo && exec "$@"' \
+  "$work/cpuinfo" "$@"
